@@ -1,0 +1,9 @@
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "queueadmin.settings")
+# The ASGI web process uses psycopg's connection pool instead of persistent connections.
+os.environ.setdefault("QUEUEADMIN_PROCESS", "web")
+
+application = get_asgi_application()

@@ -1,0 +1,188 @@
+"""Reads QueueAdmin's configuration from the environment.
+
+Every value is checked here, at start-up, so that a typo fails the process with a message naming
+the variable instead of surfacing later as a confusing runtime error.
+"""
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+ENVIRONMENTS = ("development", "production")
+TRUE_WORDS = {"1", "true", "yes", "on"}
+FALSE_WORDS = {"0", "false", "no", "off", ""}
+# Process roles: the ASGI web process pools its PostgreSQL connections, every other process
+# (workers, commands, tests) keeps one persistent connection per thread.
+PROCESS_ROLES = ("web", "worker")
+
+
+class ConfigError(ImproperlyConfigured):
+    pass
+
+
+@dataclass(frozen=True)
+class Config:
+    env: str
+    debug: bool
+    secret_key: str
+    allowed_hosts: list[str]
+    database: dict
+    process_role: str
+    stale_threshold_seconds: int
+    q_timeout_seconds: int
+
+    @property
+    def is_production(self) -> bool:
+        return self.env == "production"
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; use true or false.")
+
+
+def parse_int(name: str, raw: str, *, minimum: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer.") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be at least {minimum}.")
+    return value
+
+
+def database_settings(url: str, *, process_role: str, env: str) -> dict:
+    scheme = urlsplit(url).scheme
+    if scheme not in {"sqlite", "postgres", "postgresql", "pgsql"}:
+        raise ConfigError(
+            f"DATABASE_URL scheme {scheme!r} is not supported; use sqlite:///path or postgres://..."
+        )
+    try:
+        db = dj_database_url.parse(url)
+    except Exception as exc:  # dj-database-url raises several types for malformed URLs
+        raise ConfigError(f"DATABASE_URL could not be parsed: {exc}") from None
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        return sqlite_settings(db)
+    return postgres_settings(db, process_role=process_role, env=env)
+
+
+def sqlite_settings(db: dict) -> dict:
+    name = db["NAME"]
+    if not name:
+        raise ConfigError("DATABASE_URL for SQLite needs a file path, e.g. sqlite:///var/db.sqlite3")
+    if name != ":memory:":
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+    # WAL lets readers (dashboard) run beside the single writer; IMMEDIATE takes the write lock at
+    # BEGIN so two writers queue on the busy timeout instead of failing mid-transaction.
+    db["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": (
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON; "
+            "PRAGMA busy_timeout=20000;"
+        ),
+    }
+    db["CONN_MAX_AGE"] = 0
+    return db
+
+
+def postgres_settings(db: dict, *, process_role: str, env: str) -> dict:
+    if not db.get("NAME"):
+        raise ConfigError("DATABASE_URL for PostgreSQL needs a database name.")
+    options = dict(db.get("OPTIONS") or {})
+    options.setdefault("application_name", f"queueadmin-{process_role}")
+    if process_role == "web":
+        # Django advises against persistent connections under ASGI (each request may run on another
+        # thread); psycopg's pool gives the same ~5 ms saving per request safely.
+        options["pool"] = {"min_size": 2, "max_size": 20, "timeout": 10}
+        db["CONN_MAX_AGE"] = 0
+    else:
+        db["CONN_MAX_AGE"] = None if env == "production" else 600
+        db["CONN_HEALTH_CHECKS"] = True
+    db["OPTIONS"] = options
+    return db
+
+
+def development_secret_key() -> str:
+    # Web and workers must share the key (django-q2 signs pickled tasks with it), so development
+    # keeps one generated key in var/ rather than a new one per process.
+    path = BASE_DIR / "var" / "secret_key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def load(environ: os._Environ | dict | None = None) -> Config:
+    environ = os.environ if environ is None else environ
+    env = environ.get("QUEUEADMIN_ENV", "development").strip().lower()
+    if env not in ENVIRONMENTS:
+        raise ConfigError(f"QUEUEADMIN_ENV={env!r} must be one of: {', '.join(ENVIRONMENTS)}.")
+    production = env == "production"
+
+    process_role = environ.get("QUEUEADMIN_PROCESS", "worker").strip().lower()
+    if process_role not in PROCESS_ROLES:
+        raise ConfigError(
+            f"QUEUEADMIN_PROCESS={process_role!r} must be one of: {', '.join(PROCESS_ROLES)}."
+        )
+
+    debug = parse_bool("DEBUG", environ.get("DEBUG", "false" if production else "true"))
+    if production and debug:
+        raise ConfigError("DEBUG=true is refused when QUEUEADMIN_ENV=production.")
+
+    secret_key = environ.get("SECRET_KEY", "").strip()
+    if production:
+        if len(secret_key) < 50 or len(set(secret_key)) < 5:
+            raise ConfigError(
+                "SECRET_KEY is required in production: at least 50 random characters "
+                "(python -c 'import secrets; print(secrets.token_urlsafe(50))')."
+            )
+    elif not secret_key:
+        secret_key = development_secret_key()
+
+    hosts_raw = environ.get("ALLOWED_HOSTS", "" if production else "localhost,127.0.0.1,[::1]")
+    allowed_hosts = [host.strip() for host in hosts_raw.split(",") if host.strip()]
+    if production and not allowed_hosts:
+        raise ConfigError("ALLOWED_HOSTS is required in production (comma-separated host names).")
+
+    default_db = f"sqlite:///{BASE_DIR / 'var' / 'queueadmin.sqlite3'}"
+    database = database_settings(
+        environ.get("DATABASE_URL", default_db).strip(), process_role=process_role, env=env
+    )
+
+    q_timeout = parse_int("QUEUEADMIN_TASK_TIMEOUT", environ.get("QUEUEADMIN_TASK_TIMEOUT", "300"),
+                          minimum=10)
+    default_stale = "7200" if production else "900"
+    stale = parse_int(
+        "QUEUEADMIN_STALE_THRESHOLD",
+        environ.get("QUEUEADMIN_STALE_THRESHOLD", default_stale),
+        minimum=60,
+    )
+    if stale <= q_timeout + 60:
+        # A healthy attempt may run for the whole task timeout; rescuing it earlier runs it twice.
+        raise ConfigError(
+            f"QUEUEADMIN_STALE_THRESHOLD={stale}s must exceed QUEUEADMIN_TASK_TIMEOUT "
+            f"({q_timeout}s) by more than 60s."
+        )
+
+    return Config(
+        env=env,
+        debug=debug,
+        secret_key=secret_key,
+        allowed_hosts=allowed_hosts,
+        database=database,
+        process_role=process_role,
+        stale_threshold_seconds=stale,
+        q_timeout_seconds=q_timeout,
+    )

@@ -1,0 +1,107 @@
+"""Item counts per (queue, status) and outcomes per minute without counting millions of rows.
+
+Transitions insert CounterDelta rows in their own transaction; `rollup` folds them into
+StatusCount and OutcomeMinute. Readers add the few deltas not yet folded to the base counts.
+"""
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+from django.db import connection, transaction
+from django.db.models import Count, Sum
+
+from queues.db import from_db_datetime, to_db_datetime
+from queues.models import CounterDelta, Item, OutcomeMinute, Status, StatusCount
+
+OUTCOME_STATUSES = (Status.COMPLETE, Status.RETRY, Status.FAILED, Status.CANCELLED)
+ROLLUP_BATCH = 10_000
+
+
+def record(deltas: Mapping[tuple[int, str], int], now: datetime):
+    minute = now.replace(second=0, microsecond=0)
+    CounterDelta.objects.bulk_create(
+        [
+            CounterDelta(queue_id=queue_id, status=status, delta=delta, minute=minute)
+            for (queue_id, status), delta in deltas.items()
+            if delta
+        ]
+    )
+
+
+def rollup() -> int:
+    """Fold pending deltas into the base tables; returns how many delta rows it folded.
+
+    DELETE ... RETURNING makes each delta counted exactly once even when two rollups race: the
+    second one cannot delete (or see) the rows the first one took.
+    """
+    folded = 0
+    while True:
+        moved = _rollup_batch()
+        folded += moved
+        if moved < ROLLUP_BATCH:
+            return folded
+
+
+def _rollup_batch() -> int:
+    table = CounterDelta._meta.db_table
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} ORDER BY id LIMIT %s) "
+            "RETURNING queue_id, status, delta, minute",
+            [ROLLUP_BATCH],
+        )
+        rows = cursor.fetchall()
+        if not rows:
+            return 0
+        totals: Counter = Counter()
+        outcomes: Counter = Counter()
+        for queue_id, status, delta, minute in rows:
+            totals[(queue_id, status)] += delta
+            if delta > 0 and status in OUTCOME_STATUSES:
+                outcomes[(queue_id, from_db_datetime(minute), status)] += delta
+        cursor.executemany(
+            f"INSERT INTO {StatusCount._meta.db_table} (queue_id, status, count) "
+            "VALUES (%s, %s, %s) ON CONFLICT (queue_id, status) "
+            f"DO UPDATE SET count = {StatusCount._meta.db_table}.count + excluded.count",
+            [(q, s, d) for (q, s), d in totals.items()],
+        )
+        if outcomes:
+            cursor.executemany(
+                f"INSERT INTO {OutcomeMinute._meta.db_table} (queue_id, minute, status, count) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (queue_id, minute, status) "
+                f"DO UPDATE SET count = {OutcomeMinute._meta.db_table}.count + excluded.count",
+                [(q, to_db_datetime(m), s, d) for (q, m, s), d in outcomes.items()],
+            )
+    return len(rows)
+
+
+def status_counts(queue_ids: Iterable[int] | None = None) -> dict[int, dict[str, int]]:
+    """Current counts per queue and status: base counts plus deltas not yet rolled up."""
+    counts: dict[int, dict[str, int]] = defaultdict(lambda: dict.fromkeys(Status.values, 0))
+    base = StatusCount.objects.all()
+    pending = CounterDelta.objects.all()
+    if queue_ids is not None:
+        queue_ids = list(queue_ids)
+        base = base.filter(queue_id__in=queue_ids)
+        pending = pending.filter(queue_id__in=queue_ids)
+        for queue_id in queue_ids:
+            counts[queue_id]  # every asked-for queue appears, even when empty
+    for queue_id, status, count in base.values_list("queue_id", "status", "count"):
+        counts[queue_id][status] += count
+    for row in pending.values("queue_id", "status").annotate(total=Sum("delta")):
+        counts[row["queue_id"]][row["status"]] += row["total"]
+    return dict(counts)
+
+
+def exact_counts(queue_ids: Iterable[int]) -> dict[int, dict[str, int]]:
+    """Counted from the items table: for verification and repair, never for page views."""
+    counts: dict[int, dict[str, int]] = {q: dict.fromkeys(Status.values, 0) for q in queue_ids}
+    rows = (
+        Item.objects.filter(queue_id__in=list(counts))
+        .values("queue_id", "status")
+        .annotate(n=Count("id"))
+    )
+    for row in rows:
+        counts[row["queue_id"]][row["status"]] = row["n"]
+    return counts

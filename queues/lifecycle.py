@@ -1,0 +1,609 @@
+"""The only code that changes an item's status.
+
+Every transition is one UPDATE guarded by the statuses it may start from (and, for worker
+transitions, by the attempt number as a fencing token), so two racing callers can never both move
+the same item. Each changed row gets an event and counter deltas in the same transaction.
+"""
+
+import json
+import random
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from queues import counters
+from queues.db import chunked, from_db_datetime, placeholders, to_db_datetime, typed
+from queues.models import (
+    LIVE_STATUSES,
+    MAX_ACCOUNT_LENGTH,
+    MAX_IDENTIFIER_LENGTH,
+    Attempt,
+    DeadLetter,
+    Item,
+    ItemEvent,
+    Queue,
+    Status,
+)
+
+BATCH_LIMIT = 1000  # rows per statement: keeps statements and transactions short
+ERROR_LIMIT = 10_000  # characters of an error message kept on the item and attempt
+TRACEBACK_LIMIT = 20_000
+WORKER_LOST = "worker lost"
+PRIORITY_RANGE = (-32768, 32767)
+
+
+@dataclass(frozen=True)
+class Transition:
+    name: str
+    sources: tuple[str, ...]
+    target: str
+    event: str
+    attempt_outcome: str | None = None  # transitions that end an attempt record it
+    dead_letter: bool = False
+
+
+TRANSITIONS = {
+    t.name: t
+    for t in (
+        Transition("dispatch", (Status.QUEUED, Status.RETRY), Status.DISPATCHED, "dispatched"),
+        Transition("start", (Status.DISPATCHED,), Status.RUNNING, "started"),
+        Transition("complete", (Status.RUNNING,), Status.COMPLETE, "completed",
+                   attempt_outcome=Attempt.Outcome.COMPLETE),
+        Transition("retry", (Status.RUNNING,), Status.RETRY, "retry_scheduled",
+                   attempt_outcome=Attempt.Outcome.RETRY),
+        Transition("fail", (Status.RUNNING,), Status.FAILED, "failed",
+                   attempt_outcome=Attempt.Outcome.FAILED, dead_letter=True),
+        Transition("lost_retry", (Status.DISPATCHED, Status.RUNNING), Status.RETRY, "lost",
+                   attempt_outcome=Attempt.Outcome.LOST),
+        Transition("lost_fail", (Status.DISPATCHED, Status.RUNNING), Status.FAILED, "lost",
+                   attempt_outcome=Attempt.Outcome.LOST, dead_letter=True),
+        Transition("cancel", (Status.QUEUED, Status.DISPATCHED, Status.RETRY), Status.CANCELLED,
+                   "cancelled"),
+        Transition("requeue", (Status.COMPLETE, Status.FAILED, Status.CANCELLED), Status.QUEUED,
+                   "requeued"),
+    )
+}
+
+
+class LifecycleError(Exception):
+    pass
+
+
+class IllegalTransition(LifecycleError):
+    pass
+
+
+class EnqueueError(LifecycleError, ValueError):
+    """Bad enqueue input; `fields` maps each offending field to what is wrong with it."""
+
+    code = "invalid"
+
+    def __init__(self, message: str, fields: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fields = dict(fields or {})
+
+
+class UnknownQueue(EnqueueError):
+    code = "unknown_queue"
+
+
+class IdentifierConflict(EnqueueError):
+    """A live item already holds the identifier with a different payload."""
+
+    code = "identifier_conflict"
+
+    def __init__(self, identifier: str, existing_id: int | None):
+        super().__init__(
+            f"identifier {identifier!r} is live on this queue with a different payload",
+            {"identifier": "live with a different payload"},
+        )
+        self.identifier = identifier
+        self.existing_id = existing_id
+
+
+@dataclass(frozen=True)
+class Changed:
+    """One row a transition moved, as it is after the change."""
+
+    id: int
+    queue_id: int
+    account: str
+    identifier: str
+    from_status: str
+    attempts: int
+    started_at: datetime | None
+
+
+@dataclass
+class TransitionResult:
+    action: str
+    requested: list[int]
+    changed: list[Changed] = field(default_factory=list)
+    skipped: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def changed_ids(self) -> list[int]:
+        return [row.id for row in self.changed]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a worker (or the sweeper) reports about one attempt of one item."""
+
+    item_id: int
+    attempt: int
+    error: str | None = None  # None means the attempt succeeded
+    traceback: str = ""
+    permanent: bool = False
+    delay: float | None = None  # seconds, e.g. from a Retry-After header
+
+
+# --- enqueue ---------------------------------------------------------------------------------
+
+def _live_status_sql() -> str:
+    # Must match the partial unique index's predicate word for word so that ON CONFLICT can use it.
+    return "status IN (" + ", ".join(f"'{s}'" for s in LIVE_STATUSES) + ")"
+
+
+def _check_text(fields: dict, name: str, value, limit: int):
+    if not isinstance(value, str) or not value.strip():
+        fields[name] = "must be a non-empty string"
+    elif len(value) > limit:
+        fields[name] = f"must be at most {limit} characters"
+    elif "\x00" in value:
+        fields[name] = "must not contain NUL characters"
+
+
+def _normalise(item: Mapping, now: datetime) -> dict:
+    fields: dict[str, str] = {}
+    if not isinstance(item, Mapping):
+        raise EnqueueError("an item must be a mapping", {"item": "must be an object"})
+    unknown = set(item) - {"account", "identifier", "payload", "run_at", "priority"}
+    if unknown:
+        fields.update({name: "unknown field" for name in sorted(unknown)})
+    _check_text(fields, "account", item.get("account"), MAX_ACCOUNT_LENGTH)
+    _check_text(fields, "identifier", item.get("identifier"), MAX_IDENTIFIER_LENGTH)
+    payload = item.get("payload")
+    payload = {} if payload is None else payload
+    try:
+        # Round-trip so that the stored payload and the dedup comparison see the same values.
+        payload = json.loads(json.dumps(payload, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        fields["payload"] = f"must be JSON-serialisable: {exc}"
+    run_at = item.get("run_at")
+    if run_at is None:
+        run_at = now
+    elif not isinstance(run_at, datetime):
+        fields["run_at"] = "must be a datetime"
+    elif timezone.is_naive(run_at):
+        fields["run_at"] = "must be timezone-aware"
+    priority = item.get("priority", 0)
+    if priority is None:
+        priority = 0
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        fields["priority"] = "must be an integer"
+    elif not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+        fields["priority"] = f"must be between {PRIORITY_RANGE[0]} and {PRIORITY_RANGE[1]}"
+    if fields:
+        raise EnqueueError("invalid item: " + "; ".join(f"{k} {v}" for k, v in fields.items()),
+                           fields)
+    return {
+        "account": item["account"],
+        "identifier": item["identifier"],
+        "payload": payload,
+        "run_at": run_at,
+        "priority": priority,
+    }
+
+
+def enqueue_many(queue_key: str, items: Iterable[Mapping], *, actor: str = "python") -> list[Item]:
+    """Put items on a queue, all or nothing.
+
+    A live identifier returns the existing item when the payload is the same (also inside one
+    batch) and raises IdentifierConflict when it differs. Each returned Item carries `created`.
+    """
+    now = timezone.now()
+    rows = [_normalise(item, now) for item in items]
+    if len(rows) > BATCH_LIMIT:
+        raise EnqueueError(f"at most {BATCH_LIMIT} items per call", {"items": "too many"})
+    try:
+        queue = Queue.objects.get(key=queue_key)
+    except Queue.DoesNotExist:
+        raise UnknownQueue(f"unknown queue {queue_key!r}", {"queue": "unknown"}) from None
+
+    firsts: dict[str, dict] = {}
+    for row in rows:
+        first = firsts.setdefault(row["identifier"], row)
+        if first["payload"] != row["payload"]:
+            raise IdentifierConflict(row["identifier"], None)
+    unique_rows = list(firsts.values())
+
+    with transaction.atomic():
+        by_identifier = _insert_or_find(queue, unique_rows, now, actor)
+    return [by_identifier[row["identifier"]] for row in rows]
+
+
+def _insert_or_find(queue: Queue, rows: list[dict], now: datetime, actor: str) -> dict[str, Item]:
+    found: dict[str, Item] = {}
+    pending = rows
+    # A live item found by ON CONFLICT may finish before we read it; then the identifier is free
+    # again and the next pass inserts it. Three passes cover any realistic interleaving.
+    for _ in range(3):
+        created_ids = _insert_ignoring_live_duplicates(queue, pending, now)
+        missing = [row for row in pending if row["identifier"] not in created_ids]
+        existing = {
+            item.identifier: item
+            for item in Item.objects.filter(
+                queue=queue,
+                identifier__in=[row["identifier"] for row in missing],
+                status__in=LIVE_STATUSES,
+            )
+        }
+        created = list(Item.objects.filter(pk__in=created_ids.values()))
+        for item in created:
+            item.created = True
+            found[item.identifier] = item
+        _record_enqueued(queue, created, now, actor)
+        pending = []
+        for row in missing:
+            item = existing.get(row["identifier"])
+            if item is None:
+                pending.append(row)
+            elif item.payload != row["payload"]:
+                raise IdentifierConflict(row["identifier"], item.pk)
+            else:
+                item.created = False
+                found[item.identifier] = item
+        if not pending:
+            return found
+    raise LifecycleError("identifier kept changing state during enqueue; try again")
+
+
+def _insert_ignoring_live_duplicates(queue: Queue, rows: list[dict], now: datetime) -> dict:
+    if not rows:
+        return {}
+    table = Item._meta.db_table
+    payload_field = Item._meta.get_field("payload")
+    columns = ("queue_id", "account", "identifier", "payload", "priority", "status",
+               "previous_status", "attempts", "run_at", "last_error", "created_at", "updated_at")
+    params = []
+    for row in rows:
+        params += [
+            queue.pk, row["account"], row["identifier"],
+            payload_field.get_db_prep_save(row["payload"], connection), row["priority"],
+            Status.QUEUED, "", 0, to_db_datetime(row["run_at"]), "", to_db_datetime(now),
+            to_db_datetime(now),
+        ]
+    values = ", ".join([f"({placeholders(len(columns))})"] * len(rows))
+    sql = (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values} "
+        f"ON CONFLICT (queue_id, identifier) WHERE {_live_status_sql()} DO NOTHING "
+        "RETURNING id, identifier"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {identifier: pk for pk, identifier in cursor.fetchall()}
+
+
+def _record_enqueued(queue: Queue, items: list[Item], now: datetime, actor: str):
+    if not items:
+        return
+    ItemEvent.objects.bulk_create(
+        [
+            ItemEvent(item_id=item.pk, queue_id=queue.pk, account=item.account,
+                      identifier=item.identifier, transition="enqueued", from_status="",
+                      to_status=Status.QUEUED, attempt=0, at=now, actor=actor)
+            for item in items
+        ],
+        batch_size=BATCH_LIMIT,
+    )
+    counters.record({(queue.pk, Status.QUEUED): len(items)}, now)
+
+
+# --- transitions -----------------------------------------------------------------------------
+
+def apply(
+    action: str,
+    ids: Iterable[int],
+    *,
+    actor: str,
+    reason: str = "",
+    expected_attempts: Mapping[int, int] | None = None,
+    values: Mapping[int, Mapping] | None = None,
+) -> TransitionResult:
+    """Move every listed item that is in one of the action's source statuses.
+
+    `expected_attempts` fences worker transitions: an item moves only while its attempt number
+    is still the one the caller was given. `values` carries per-item data: run_at, error,
+    traceback, worker, dead_reason. Items that did not move are listed in `skipped` with why.
+    """
+    transition_ = TRANSITIONS.get(action)
+    if transition_ is None:
+        raise IllegalTransition(f"unknown transition {action!r}")
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    result = TransitionResult(action=action, requested=ids)
+    if not ids:
+        return result
+    now = timezone.now()
+    values = values or {}
+    with transaction.atomic():
+        for chunk in chunked(ids, BATCH_LIMIT):
+            if action == "requeue":
+                chunk = _drop_requeue_duplicates(chunk, result)
+            changed = _update(transition_, chunk, now, reason, expected_attempts, values)
+            result.changed += changed
+            _record(transition_, changed, now, actor, reason, values)
+        result.skipped.update(_explain_skipped(transition_, result, expected_attempts))
+    return result
+
+
+def transition(item_id: int, action: str, *, actor: str, reason: str = "",
+               expected_attempt: int | None = None, **item_values) -> Changed:
+    """One item; raises IllegalTransition with the reason when it cannot move."""
+    expected = {item_id: expected_attempt} if expected_attempt is not None else None
+    result = apply(action, [item_id], actor=actor, reason=reason, expected_attempts=expected,
+                   values={item_id: item_values} if item_values else None)
+    if not result.changed:
+        raise IllegalTransition(f"cannot {action} item {item_id}: {result.skipped[item_id]}")
+    return result.changed[0]
+
+
+def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason: str,
+                 values: Mapping[int, Mapping]) -> tuple[list[str], list]:
+    sets = ["status = %s", "previous_status = status", "updated_at = %s"]
+    params: list = [transition_.target, to_db_datetime(now)]
+
+    def per_item(column: str, key: str, pg_type: str, default, convert=lambda v: v):
+        cases = [(i, values[i][key]) for i in ids if key in values.get(i, {})]
+        if not cases:
+            sets.append(f"{column} = %s")
+            params.append(convert(default))
+            return
+        whens = " ".join(f"WHEN %s THEN {typed('%s', pg_type)}" for _ in cases)
+        sets.append(f"{column} = CASE id {whens} ELSE {typed('%s', pg_type)} END")
+        for item_id, value in cases:
+            params.extend([item_id, convert(value)])
+        params.append(convert(default))
+
+    name = transition_.name
+    if name == "dispatch":
+        sets += ["attempts = attempts + 1", "dispatched_at = %s", "started_at = NULL"]
+        params.append(to_db_datetime(now))
+    elif name == "start":
+        sets.append("started_at = %s")
+        params.append(to_db_datetime(now))
+    elif name == "complete":
+        sets += ["finished_at = %s", "last_error = ''"]
+        params.append(to_db_datetime(now))
+    elif name in ("retry", "lost_retry"):
+        per_item("run_at", "run_at", "timestamptz", now, to_db_datetime)
+        per_item("last_error", "error", "text", reason, _clip_error)
+    elif name in ("fail", "lost_fail"):
+        sets.append("finished_at = %s")
+        params.append(to_db_datetime(now))
+        per_item("last_error", "error", "text", reason, _clip_error)
+    elif name == "cancel":
+        sets.append("finished_at = %s")
+        params.append(to_db_datetime(now))
+    elif name == "requeue":
+        sets += ["attempts = 0", "run_at = %s", "last_error = ''", "dispatched_at = NULL",
+                 "started_at = NULL", "finished_at = NULL"]
+        params.append(to_db_datetime(now))
+    return sets, params
+
+
+def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
+            expected_attempts: Mapping[int, int] | None,
+            values: Mapping[int, Mapping]) -> list[Changed]:
+    if not ids:
+        return []
+    table = Item._meta.db_table
+    sets, params = _set_clauses(transition_, ids, now, reason, values)
+    where = [f"id IN ({placeholders(len(ids))})",
+             f"status IN ({placeholders(len(transition_.sources))})"]
+    params += ids + list(transition_.sources)
+    if expected_attempts is not None:
+        # Group by attempt number: a batch holds few distinct numbers, so this stays small.
+        groups: dict[int, list[int]] = {}
+        for item_id in ids:
+            if item_id in expected_attempts:
+                groups.setdefault(expected_attempts[item_id], []).append(item_id)
+        if not groups:
+            return []
+        fence = []
+        for number, members in groups.items():
+            fence.append(f"(attempts = %s AND id IN ({placeholders(len(members))}))")
+            params += [number, *members]
+        where.append("(" + " OR ".join(fence) + ")")
+    if transition_.name == "requeue":
+        # A retry must not create a second live item with the same identifier.
+        where.append(
+            f"NOT EXISTS (SELECT 1 FROM {table} AS live WHERE live.queue_id = {table}.queue_id "
+            f"AND live.identifier = {table}.identifier AND live.{_live_status_sql()})"
+        )
+    sql = (
+        f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)} "
+        "RETURNING id, queue_id, account, identifier, previous_status, attempts, started_at"
+    )
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+    except IntegrityError:
+        if transition_.name != "requeue" or len(ids) == 1:
+            raise
+        # A concurrent enqueue took one of the identifiers between our check and our write:
+        # redo the chunk item by item so only that one is skipped.
+        changed = []
+        for item_id in ids:
+            try:
+                changed += _update(transition_, [item_id], now, reason, expected_attempts, values)
+            except IntegrityError:
+                continue
+        return changed
+    return [
+        Changed(id=r[0], queue_id=r[1], account=r[2], identifier=r[3], from_status=r[4],
+                attempts=r[5], started_at=from_db_datetime(r[6]))
+        for r in rows
+    ]
+
+
+def _drop_requeue_duplicates(ids: list[int], result: TransitionResult) -> list[int]:
+    """Two finished items with one identifier cannot both become live: keep the newest."""
+    newest: dict[tuple[int, str], int] = {}
+    for pk, queue_id, identifier in (
+        Item.objects.filter(pk__in=ids).order_by("pk").values_list("pk", "queue_id", "identifier")
+    ):
+        key = (queue_id, identifier)
+        if key in newest:
+            result.skipped[newest[key]] = "a newer item with the same identifier is also selected"
+        newest[key] = pk
+    dropped = set(result.skipped)
+    return [pk for pk in ids if pk not in dropped]
+
+
+def _record(transition_: Transition, changed: list[Changed], now: datetime, actor: str,
+            reason: str, values: Mapping[int, Mapping]):
+    if not changed:
+        return
+    ItemEvent.objects.bulk_create(
+        [
+            ItemEvent(
+                item_id=row.id, queue_id=row.queue_id, account=row.account,
+                identifier=row.identifier, transition=transition_.event,
+                from_status=row.from_status, to_status=transition_.target,
+                attempt=row.attempts, at=now, actor=actor,
+                reason=_clip_error(values.get(row.id, {}).get("error") or reason),
+            )
+            for row in changed
+        ],
+        batch_size=BATCH_LIMIT,
+    )
+    deltas: Counter = Counter()
+    for row in changed:
+        deltas[(row.queue_id, row.from_status)] -= 1
+        deltas[(row.queue_id, transition_.target)] += 1
+    counters.record(deltas, now)
+
+    if transition_.attempt_outcome:
+        Attempt.objects.bulk_create(
+            [
+                Attempt(
+                    item_id=row.id, number=row.attempts, started_at=row.started_at,
+                    finished_at=now, outcome=transition_.attempt_outcome,
+                    error=_clip_error(values.get(row.id, {}).get("error", "")
+                                      or (WORKER_LOST if transition_.event == "lost" else "")),
+                    traceback=(values.get(row.id, {}).get("traceback") or "")[-TRACEBACK_LIMIT:],
+                    worker=values.get(row.id, {}).get("worker", ""),
+                )
+                for row in changed
+            ],
+            batch_size=BATCH_LIMIT,
+        )
+    if transition_.dead_letter:
+        DeadLetter.objects.bulk_create(
+            [
+                DeadLetter(
+                    item_id=row.id, queue_id=row.queue_id, account=row.account,
+                    reason=values.get(row.id, {}).get("dead_reason", WORKER_LOST),
+                    last_error=_clip_error(values.get(row.id, {}).get("error") or WORKER_LOST),
+                    attempts=row.attempts, created_at=now,
+                )
+                for row in changed
+            ],
+            batch_size=BATCH_LIMIT,
+        )
+    if transition_.name == "requeue":
+        DeadLetter.objects.filter(
+            item_id__in=[row.id for row in changed], replayed_at__isnull=True
+        ).update(replayed_at=now, replayed_by=actor)
+
+
+def _explain_skipped(transition_: Transition, result: TransitionResult,
+                     expected_attempts: Mapping[int, int] | None) -> dict[int, str]:
+    moved = set(result.changed_ids) | set(result.skipped)
+    rest = [pk for pk in result.requested if pk not in moved]
+    if not rest:
+        return {}
+    reasons = {pk: "no such item" for pk in rest}
+    for chunk in chunked(rest, BATCH_LIMIT):
+        for pk, status, attempts in Item.objects.filter(pk__in=chunk).values_list(
+            "pk", "status", "attempts"
+        ):
+            if status not in transition_.sources:
+                label = Status(status).label.lower()
+                if transition_.name == "cancel" and status == Status.RUNNING:
+                    reasons[pk] = "it is running; running items are not cancelled mid-flight"
+                else:
+                    reasons[pk] = f"it is {label}"
+            elif expected_attempts is not None and expected_attempts.get(pk) != attempts:
+                reasons[pk] = (f"attempt {expected_attempts.get(pk)} is stale; "
+                               f"the item is on attempt {attempts}")
+            elif transition_.name == "requeue":
+                reasons[pk] = "its identifier is live again on another item"
+            else:
+                reasons[pk] = "it changed concurrently"
+    return reasons
+
+
+def _clip_error(message: str | None) -> str:
+    return (message or "")[:ERROR_LIMIT]
+
+
+# --- the transitions callers use -------------------------------------------------------------
+
+def retry_delay(backoff_seconds: list[int], retry_number: int, rng: random.Random = random) -> float:
+    """Seconds before retry number `retry_number` (1-based), with +-10% jitter so that items
+    failing together do not all come back in the same second. The last delay repeats."""
+    base = backoff_seconds[min(retry_number, len(backoff_seconds)) - 1]
+    return base * rng.uniform(0.9, 1.1)
+
+
+def finish(queue: Queue, outcomes: Iterable[Outcome], *, worker: str,
+           actor: str = "worker") -> dict[str, TransitionResult]:
+    """Record the outcome of running attempts: one statement per outcome kind."""
+    return _settle(queue, list(outcomes), lost=False, worker=worker, actor=actor)
+
+
+def rescue_lost(queue: Queue, attempts: Mapping[int, int], *,
+                actor: str = "sweeper") -> dict[str, TransitionResult]:
+    """Dispatched or running items whose worker vanished: the attempt counts, then retry or fail."""
+    outcomes = [Outcome(item_id=pk, attempt=n, error=WORKER_LOST) for pk, n in attempts.items()]
+    return _settle(queue, outcomes, lost=True, worker="", actor=actor)
+
+
+def _settle(queue: Queue, outcomes: list[Outcome], *, lost: bool, worker: str,
+            actor: str) -> dict[str, TransitionResult]:
+    now = timezone.now()
+    groups: dict[str, dict[int, dict]] = {"complete": {}, "retry": {}, "fail": {}}
+    fences: dict[int, int] = {}
+    for outcome in outcomes:
+        fences[outcome.item_id] = outcome.attempt
+        data = {"worker": worker, "error": outcome.error, "traceback": outcome.traceback}
+        exhausted = outcome.attempt >= 1 + queue.max_retries
+        if outcome.error is None:
+            groups["complete"][outcome.item_id] = data
+        elif outcome.permanent or exhausted:
+            data["dead_reason"] = ("permanent" if outcome.permanent
+                                   else WORKER_LOST if lost else "exhausted")
+            groups["fail"][outcome.item_id] = data
+        else:
+            delay = outcome.delay
+            if delay is None:
+                delay = retry_delay(queue.backoff_seconds, outcome.attempt)
+            data["run_at"] = now + timedelta(seconds=delay)
+            groups["retry"][outcome.item_id] = data
+    results = {}
+    with transaction.atomic():
+        for kind, items in groups.items():
+            if not items:
+                continue
+            action = f"lost_{kind}" if lost else kind
+            results[kind] = apply(action, list(items), actor=actor, expected_attempts=fences,
+                                  values=items)
+    return results

@@ -1,0 +1,314 @@
+"""QueueAdmin's data model. Status changes never happen here: see queues/lifecycle.py."""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+
+class Status(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    DISPATCHED = "dispatched", "Dispatched"
+    RUNNING = "running", "Running"
+    COMPLETE = "complete", "Complete"
+    RETRY = "retry", "Scheduled for Retry"
+    FAILED = "failed", "Permanent Failure"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+# An identifier is unique per queue among these statuses; after the item ends it may be reused.
+LIVE_STATUSES = (Status.QUEUED, Status.DISPATCHED, Status.RUNNING, Status.RETRY)
+READY_STATUSES = (Status.QUEUED, Status.RETRY)
+IN_FLIGHT_STATUSES = (Status.DISPATCHED, Status.RUNNING)
+FINISHED_STATUSES = (Status.COMPLETE, Status.FAILED, Status.CANCELLED)
+
+DEFAULT_BACKOFF_SECONDS = [120, 600, 1500, 2400, 2700]
+MAX_ACCOUNT_LENGTH = 200
+MAX_IDENTIFIER_LENGTH = 255
+
+key_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9_-]{0,63}$",
+    "Use 1-64 lowercase letters, digits, '-' or '_', starting with a letter or digit.",
+)
+
+
+def default_backoff():
+    return list(DEFAULT_BACKOFF_SECONDS)
+
+
+def default_stale_threshold():
+    return timedelta(seconds=settings.QUEUEADMIN["STALE_THRESHOLD_SECONDS"])
+
+
+def validate_backoff(value):
+    from django.core.exceptions import ValidationError
+
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ):
+        raise ValidationError("Backoff delays must be a non-empty list of whole seconds, e.g. [120, 600].")
+
+
+class Queue(models.Model):
+    key = models.CharField(max_length=64, unique=True, validators=[key_validator])
+    name = models.CharField(max_length=200)
+    handler = models.CharField(max_length=100, default="noop")
+    handler_options = models.JSONField(default=dict, blank=True)
+    batch_size = models.PositiveIntegerField(
+        default=60, validators=[MinValueValidator(1), MaxValueValidator(1000)]
+    )
+    concurrency = models.PositiveIntegerField(
+        default=10,
+        validators=[MinValueValidator(1)],
+        help_text="Most items of this queue dispatched or running at once.",
+    )
+    rate_limit_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most items started per minute; empty for no limit."
+    )
+    max_retries = models.PositiveSmallIntegerField(default=5, validators=[MaxValueValidator(100)])
+    backoff_seconds = models.JSONField(
+        default=default_backoff,
+        validators=[validate_backoff],
+        help_text="Delay before each retry in seconds (+-10% jitter); the last one repeats.",
+    )
+    dispatch_timeout = models.DurationField(default=timedelta(minutes=5))
+    stale_threshold = models.DurationField(default=default_stale_threshold)
+    retention_days = models.PositiveIntegerField(default=60, validators=[MinValueValidator(1)])
+    alert_dead_letters = models.PositiveIntegerField(default=100)
+    alert_depth = models.PositiveIntegerField(default=10_000)
+    alert_failures_per_hour = models.PositiveIntegerField(default=50)
+    paused = models.BooleanField(default=False, help_text="Drain mode: the selector skips it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self):
+        return self.key
+
+
+class AccountPolicy(models.Model):
+    """Sparse per-(queue, account) overrides; accounts without a row use the defaults."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="policies",
+                              db_index=False)
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH)
+    weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    max_in_flight = models.PositiveIntegerField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+
+    class Meta:
+        verbose_name_plural = "account policies"
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "account"], name="policy_queue_account_uniq")
+        ]
+
+    def __str__(self):
+        return f"{self.queue_id}:{self.account}"
+
+
+class Item(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    # Indexed by the composite indexes below, which all start with the queue.
+    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="items",
+                              db_index=False)
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH)
+    identifier = models.CharField(max_length=MAX_IDENTIFIER_LENGTH)
+    payload = models.JSONField(default=dict, blank=True)
+    priority = models.SmallIntegerField(default=0)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    # Written by the same UPDATE that changes status, so a set-based transition can return what
+    # each row changed from (RETURNING sees only new values).
+    previous_status = models.CharField(max_length=10, choices=Status.choices, blank=True)
+    # Counts dispatches: the attempt number doubles as the fencing token for workers.
+    attempts = models.PositiveSmallIntegerField(default=0)
+    # Not-before time: enqueue time, a delayed run_at, or the next retry ("Retry (Estimated)").
+    run_at = models.DateTimeField()
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "identifier"],
+                condition=Q(status__in=LIVE_STATUSES),
+                name="item_live_identifier_uniq",  # enqueue dedup
+            ),
+        ]
+        indexes = [
+            # Selector: per account, highest priority then oldest-ready among ready items.
+            models.Index(
+                fields=["queue", "account", "-priority", "run_at", "id"],
+                condition=Q(status__in=READY_STATUSES),
+                name="item_ready_idx",
+            ),
+            # Item browser and bulk operations: one queue, some statuses, an enqueue time range,
+            # walked by keyset on (created_at, id).
+            models.Index(fields=["queue", "status", "created_at", "id"], name="item_browse_idx"),
+            # Search by identifier, including finished items.
+            models.Index(fields=["queue", "identifier"], name="item_identifier_idx"),
+            # Sweeper: dispatched or running items older than their timeout; a small set.
+            models.Index(
+                fields=["queue", "status", "updated_at"],
+                condition=Q(status__in=IN_FLIGHT_STATUSES),
+                name="item_in_flight_idx",
+            ),
+            # Sweeper retention pruning: finished items by finish time.
+            models.Index(
+                fields=["queue", "finished_at"],
+                condition=Q(status__in=FINISHED_STATUSES),
+                name="item_finished_idx",
+            ),
+            # Accounts view and per-account in-flight counts.
+            models.Index(fields=["queue", "account", "status"], name="item_account_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.queue_id}/{self.identifier}#{self.pk}"
+
+
+class Attempt(models.Model):
+    class Outcome(models.TextChoices):
+        COMPLETE = "complete", "Complete"
+        RETRY = "retry", "Retryable error"
+        FAILED = "failed", "Permanent error"
+        LOST = "lost", "Worker lost"
+
+    id = models.BigAutoField(primary_key=True)
+    item = models.ForeignKey(Item, on_delete=models.CASCADE, related_name="attempt_set",
+                             db_index=False)
+    number = models.PositiveSmallIntegerField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField()
+    outcome = models.CharField(max_length=10, choices=Outcome.choices)
+    error = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        # Item detail lists its attempts in order.
+        indexes = [models.Index(fields=["item", "number"], name="attempt_item_idx")]
+
+    @property
+    def duration(self):
+        if self.started_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+
+class ItemEvent(models.Model):
+    """Append-only history of transitions; queue, account and identifier are copied so that the
+    live stream and audit views never join the item table."""
+
+    id = models.BigAutoField(primary_key=True)
+    # No database constraint: events outlive nothing and are pruned on their own schedule, and the
+    # hot insert path should not pay for a foreign-key check.
+    item = models.ForeignKey(
+        Item, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False,
+        related_name="events",
+    )
+    queue = models.ForeignKey(
+        Queue, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH)
+    identifier = models.CharField(max_length=MAX_IDENTIFIER_LENGTH)
+    transition = models.CharField(max_length=20)
+    from_status = models.CharField(max_length=10, blank=True)
+    to_status = models.CharField(max_length=10)
+    attempt = models.PositiveSmallIntegerField(default=0)
+    at = models.DateTimeField()
+    actor = models.CharField(max_length=200)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [
+            # Per-queue live stream: events after a position.
+            models.Index(fields=["queue", "id"], name="event_queue_idx"),
+            # Item detail: its history.
+            models.Index(fields=["item", "id"], name="event_item_idx"),
+        ]
+
+
+class DeadLetter(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    item = models.ForeignKey(Item, on_delete=models.CASCADE, related_name="dead_letters")
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="dead_letters")
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH)
+    reason = models.CharField(max_length=20)  # "permanent", "exhausted" or "worker lost"
+    last_error = models.TextField(blank=True)
+    attempts = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField()
+    replayed_at = models.DateTimeField(null=True, blank=True)
+    replayed_by = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        indexes = [
+            # Dead-letter page: open letters per queue, newest first.
+            models.Index(
+                fields=["queue", "-created_at"],
+                condition=Q(replayed_at__isnull=True),
+                name="deadletter_open_idx",
+            ),
+            models.Index(fields=["item"], name="deadletter_item_idx"),
+        ]
+
+
+class SelectorState(models.Model):
+    queue = models.OneToOneField(
+        Queue, on_delete=models.CASCADE, primary_key=True, related_name="selector_state"
+    )
+    cursor = models.CharField(max_length=MAX_ACCOUNT_LENGTH, blank=True)
+    last_round_at = models.DateTimeField(null=True, blank=True)
+
+
+class CounterDelta(models.Model):
+    """Change to a (queue, status) count, inserted in the transition's own transaction.
+
+    Inserts never contend with each other, unlike updating one counter row per queue; the
+    rollup folds them into StatusCount and OutcomeMinute.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    status = models.CharField(max_length=10, choices=Status.choices)
+    delta = models.IntegerField()
+    minute = models.DateTimeField()
+
+    class Meta:
+        # Readers add the not-yet-rolled-up deltas of one queue to its base counts.
+        indexes = [models.Index(fields=["queue", "status"], name="delta_queue_idx")]
+
+
+class StatusCount(models.Model):
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    status = models.CharField(max_length=10, choices=Status.choices)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "status"], name="statuscount_uniq")
+        ]
+
+
+class OutcomeMinute(models.Model):
+    """Items entering an outcome status (complete, retry, failed, cancelled) per queue per minute."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    minute = models.DateTimeField()
+    status = models.CharField(max_length=10, choices=Status.choices)
+    count = models.IntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "minute", "status"], name="outcomeminute_uniq"
+            )
+        ]
