@@ -87,10 +87,15 @@ def status_counts(queue_ids: Iterable[int] | None = None) -> dict[int, dict[str,
         pending = pending.filter(queue_id__in=queue_ids)
         for queue_id in queue_ids:
             counts[queue_id]  # every asked-for queue appears, even when empty
-    for queue_id, status, count in base.values_list("queue_id", "status", "count"):
+    # One statement, so one snapshot: read in two, a rollup committing in between would make
+    # the folded deltas vanish from both (or, the other way round, count twice).
+    rows = base.values_list("queue_id", "status", "count").union(
+        pending.values("queue_id", "status").annotate(total=Sum("delta"))
+        .values_list("queue_id", "status", "total"),
+        all=True,
+    )
+    for queue_id, status, count in rows:
         counts[queue_id][status] += count
-    for row in pending.values("queue_id", "status").annotate(total=Sum("delta")):
-        counts[row["queue_id"]][row["status"]] += row["total"]
     return dict(counts)
 
 

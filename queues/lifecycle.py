@@ -221,7 +221,9 @@ def enqueue_many(queue_key: str, items: Iterable[Mapping], *, actor: str = "pyth
         first = firsts.setdefault(row["identifier"], row)
         if first["payload"] != row["payload"]:
             raise IdentifierConflict(row["identifier"], None)
-    unique_rows = list(firsts.values())
+    # One global order: two batches sharing identifiers in opposite orders would otherwise each
+    # wait on the other's uncommitted insert (a deadlock on PostgreSQL).
+    unique_rows = sorted(firsts.values(), key=lambda row: row["identifier"])
 
     with transaction.atomic():
         by_identifier = _insert_or_find(queue, unique_rows, now, actor)
@@ -332,9 +334,10 @@ def apply(
     now = timezone.now()
     values = values or {}
     with transaction.atomic():
+        if action == "requeue":
+            # Over the whole request, not per chunk: a shared identifier may span two chunks.
+            ids = _drop_requeue_duplicates(ids, result)
         for chunk in chunked(ids, BATCH_LIMIT):
-            if action == "requeue":
-                chunk = _drop_requeue_duplicates(chunk, result)
             changed = _update(transition_, chunk, now, reason, expected_attempts, values)
             result.changed += changed
             _record(transition_, changed, now, actor, reason, values)
@@ -456,9 +459,10 @@ def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
 def _drop_requeue_duplicates(ids: list[int], result: TransitionResult) -> list[int]:
     """Two finished items with one identifier cannot both become live: keep the newest."""
     newest: dict[tuple[int, str], int] = {}
-    for pk, queue_id, identifier in (
-        Item.objects.filter(pk__in=ids).order_by("pk").values_list("pk", "queue_id", "identifier")
-    ):
+    rows: list[tuple[int, int, str]] = []
+    for chunk in chunked(ids, BATCH_LIMIT):
+        rows += Item.objects.filter(pk__in=chunk).values_list("pk", "queue_id", "identifier")
+    for pk, queue_id, identifier in sorted(rows):
         key = (queue_id, identifier)
         if key in newest:
             result.skipped[newest[key]] = "a newer item with the same identifier is also selected"

@@ -1,3 +1,5 @@
+import itertools
+
 import factory
 from django.utils import timezone
 
@@ -31,3 +33,46 @@ def enqueued(queue, n=1, *, account="acme", prefix="item", **kwargs):
         [{"account": account, "identifier": f"{prefix}-{i}", "payload": {"n": i},
           "run_at": kwargs.get("run_at", now)} for i in range(n)],
     )
+
+
+def items_in_status(queue, status, n=1, *, account="acme", prefix=None, payload=None):
+    """`n` items brought to `status` through the lifecycle itself (enqueue, dispatch, start,
+    finish, cancel), so that their events, attempts and counters are what production writes."""
+    from queues import enqueue_many, lifecycle
+    from queues.models import Item, Status
+
+    prefix = prefix or f"{status}-{next(_prefixes)}"
+    items = enqueue_many(
+        queue.key,
+        [{"account": account, "identifier": f"{prefix}-{i}",
+          "payload": {"n": i} if payload is None else payload} for i in range(n)],
+    )
+    ids = [item.pk for item in items]
+    if status == Status.CANCELLED:
+        lifecycle.apply("cancel", ids, actor="admin")
+    elif status != Status.QUEUED:
+        lifecycle.apply("dispatch", ids, actor="selector")
+        if status != Status.DISPATCHED:
+            lifecycle.apply("start", ids, actor="worker", expected_attempts=dict.fromkeys(ids, 1))
+            outcome = {
+                Status.RUNNING: None,
+                Status.COMPLETE: {},
+                Status.RETRY: {"error": "temporary trouble"},
+                Status.FAILED: {"error": "bad input", "permanent": True},
+            }[status]
+            if outcome is not None:
+                lifecycle.finish(
+                    queue, [lifecycle.Outcome(item_id=pk, attempt=1, **outcome) for pk in ids],
+                    worker="worker-1",
+                )
+    by_id = Item.objects.in_bulk(ids)
+    result = [by_id[pk] for pk in ids]
+    assert all(item.status == status for item in result), f"could not reach {status}"
+    return result
+
+
+def item_in_status(queue, status, **kwargs):
+    return items_in_status(queue, status, 1, **kwargs)[0]
+
+
+_prefixes = itertools.count()

@@ -1,0 +1,34 @@
+# Two commands on a fresh machine with python3: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: demo test install lint bench
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed
+
+# Demo: SQLite database under var/, demo data, the ASGI web server on http://$(HOST):$(PORT)/.
+demo: install
+	$(BIN)/python manage.py migrate --noinput -v0
+	$(BIN)/python manage.py demo
+	$(BIN)/python manage.py collectstatic --noinput -v0
+	$(BIN)/uvicorn queueadmin.asgi:application --host $(HOST) --port $(PORT)
+
+# Tests on SQLite by default; set DATABASE_URL=postgres://... to run them on PostgreSQL.
+test: install
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: install
+	$(BIN)/python manage.py bench seed
+	$(BIN)/python manage.py bench enqueue

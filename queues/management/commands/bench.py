@@ -1,0 +1,32 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from queues import bench
+
+
+class Command(BaseCommand):
+    help = "Measure QueueAdmin at scale. Scenarios: seed, enqueue."
+
+    def add_arguments(self, parser):
+        scenarios = parser.add_subparsers(dest="scenario", required=True)
+        seed = scenarios.add_parser("seed", help="Fill the database with realistic queue data.")
+        seed.add_argument("--items", type=int, default=1_000_000)
+        seed.add_argument("--accounts", type=int, default=10_000)
+        seed.add_argument("--queues", type=int, default=1)
+        enqueue = scenarios.add_parser("enqueue", help="Items/s through enqueue_many.")
+        enqueue.add_argument("--items", type=int, default=100_000)
+        enqueue.add_argument("--batch", type=int, default=1000)
+        enqueue.add_argument("--accounts", type=int, default=1000)
+
+    def handle(self, *args, scenario, **options):
+        if options["items"] < 1:
+            raise CommandError("--items must be at least 1")
+        if scenario == "seed":
+            report = bench.run_seed(items=options["items"], accounts=options["accounts"],
+                                    queues=options["queues"], log=self.stdout.write)
+        else:
+            if not 1 <= options["batch"] <= 1000:
+                raise CommandError("--batch must be between 1 and 1000")
+            report = bench.run_enqueue(items=options["items"], batch=options["batch"],
+                                       accounts=options["accounts"])
+        self.stdout.write(report.as_table())
+        self.stdout.write(f"written to {report.write_json()}")

@@ -1,0 +1,98 @@
+import json
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+
+from queues import bench, counters
+from queues.models import AccountPolicy, Item, Queue
+from tests.factories import QueueFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args):
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_demo_creates_five_queues_items_in_every_status_and_an_admin(tmp_path, monkeypatch):
+    from queues.management.commands import demo
+
+    monkeypatch.setattr(demo, "CREDENTIALS_FILE", tmp_path / "creds.txt")
+    output = run("demo", "--items", "3000", "--accounts", "210")
+    assert Queue.objects.count() == 5
+    assert Queue.objects.filter(paused=True).count() == 1
+    assert AccountPolicy.objects.count() == 3
+    assert Item.objects.values("status").distinct().count() == 7
+    assert Item.objects.values("account").distinct().count() == 210
+    password = (tmp_path / "creds.txt").read_text().split()[1]
+    assert f"admin / {password}" in output
+    assert get_user_model().objects.get(username="admin").check_password(password)
+    ids = list(Queue.objects.values_list("pk", flat=True))
+    assert counters.status_counts(ids) == counters.exact_counts(ids)
+
+
+def test_demo_run_twice_keeps_data_and_credentials(tmp_path, monkeypatch):
+    from queues.management.commands import demo
+
+    monkeypatch.setattr(demo, "CREDENTIALS_FILE", tmp_path / "creds.txt")
+    first = run("demo", "--items", "500", "--accounts", "20")
+    second = run("demo", "--items", "500", "--accounts", "20")
+    assert Item.objects.count() == 500
+    assert "already present" in second
+    assert first.splitlines()[-1] == second.splitlines()[-1]
+
+
+def test_enqueue_command_puts_an_item_on_the_queue():
+    QueueFactory(key="emails")
+    out = run("enqueue", "emails", "--account", "acme", "--identifier", "msg-1",
+              "--payload", '{"to": "a@example.com"}')
+    assert "enqueued: item" in out
+    assert Item.objects.get(identifier="msg-1").payload == {"to": "a@example.com"}
+    assert "already live" in run("enqueue", "emails", "--account", "acme", "--identifier",
+                                 "msg-1", "--payload", '{"to": "a@example.com"}')
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nope", "--account", "a", "--identifier", "i"], "unknown queue 'nope'"),
+        (["emails", "--account", "a", "--identifier", "i", "--payload", "{"], "not valid JSON"),
+        (["emails", "--account", "a", "--identifier", "i", "--run-at", "2026-01-01T09:00"],
+         "timezone-aware"),
+    ],
+)
+def test_enqueue_command_explains_bad_input(args, message):
+    QueueFactory(key="emails")
+    with pytest.raises(CommandError, match=message):
+        run("enqueue", *args)
+    assert not Item.objects.exists()
+
+
+def test_bench_enqueue_reports_throughput_and_writes_json(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    out = run("bench", "enqueue", "--items", "300", "--batch", "100", "--accounts", "7")
+    assert "throughput" in out
+    data = json.loads((tmp_path / "enqueue.json").read_text())
+    assert data["parameters"] == {"items": 300, "batch": 100, "accounts": 7}
+    names = [name for name, _, _ in data["figures"]]
+    assert {"throughput", "batch latency p50", "batch latency p95"} <= set(names)
+    assert Item.objects.count() == 300
+
+
+def test_bench_seed_reports_each_step(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    out = run("bench", "seed", "--items", "2000", "--accounts", "30", "--queues", "2")
+    assert "items per second" in out
+    data = json.loads((tmp_path / "seed.json").read_text())
+    rows = {name: value for name, value, _ in data["figures"]}
+    assert rows["items rows"] == 2000
+    assert Item.objects.count() == 2000
+
+
+def test_bench_refuses_a_batch_over_the_enqueue_limit():
+    with pytest.raises(CommandError, match="--batch"):
+        run("bench", "enqueue", "--items", "10", "--batch", "5000")

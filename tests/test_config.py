@@ -1,0 +1,104 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from queueadmin import config
+from queueadmin.config import ConfigError
+
+STRONG_KEY = "k" * 20 + "0123456789abcdefghijklmnopqrstuvwxyz"
+PRODUCTION = {
+    "QUEUEADMIN_ENV": "production",
+    "SECRET_KEY": STRONG_KEY,
+    "ALLOWED_HOSTS": "queues.example.com",
+    "DATABASE_URL": "postgres://app@db.internal:5432/queueadmin",
+}
+
+
+def load(**env):
+    return config.load({k: v for k, v in env.items() if v is not None})
+
+
+def test_development_is_the_default_with_debug_and_a_sqlite_file():
+    cfg = load()
+    assert cfg.env == "development"
+    assert cfg.debug is True
+    assert cfg.database["ENGINE"] == "django.db.backends.sqlite3"
+    assert cfg.database["NAME"].endswith("var/queueadmin.sqlite3")
+
+
+def test_sqlite_uses_wal_immediate_transactions_and_a_busy_timeout():
+    db = load().database
+    assert db["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
+    assert "journal_mode=WAL" in db["OPTIONS"]["init_command"]
+    assert db["OPTIONS"]["timeout"] >= 5
+
+
+def test_development_keeps_one_secret_key_for_every_process():
+    assert load().secret_key == load().secret_key
+
+
+def test_production_requires_a_strong_secret_key():
+    with pytest.raises(ConfigError, match="SECRET_KEY is required"):
+        load(**(PRODUCTION | {"SECRET_KEY": None}))
+    with pytest.raises(ConfigError, match="SECRET_KEY"):
+        load(**(PRODUCTION | {"SECRET_KEY": "short"}))
+
+
+def test_production_requires_allowed_hosts():
+    with pytest.raises(ConfigError, match="ALLOWED_HOSTS"):
+        load(**(PRODUCTION | {"ALLOWED_HOSTS": None}))
+
+
+def test_production_refuses_debug():
+    with pytest.raises(ConfigError, match="DEBUG=true is refused"):
+        load(**(PRODUCTION | {"DEBUG": "true"}))
+
+
+def test_production_settings_load_when_complete():
+    cfg = load(**PRODUCTION)
+    assert cfg.is_production and cfg.debug is False
+    assert cfg.allowed_hosts == ["queues.example.com"]
+    assert cfg.stale_threshold_seconds == 7200
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"QUEUEADMIN_ENV": "staging"}, "QUEUEADMIN_ENV='staging' must be one of"),
+        ({"DEBUG": "maybe"}, "DEBUG='maybe' is not a boolean"),
+        ({"DATABASE_URL": "mysql://u@h/db"}, "scheme 'mysql' is not supported"),
+        ({"DATABASE_URL": "postgres://u@h:5432/"}, "needs a database name"),
+        ({"QUEUEADMIN_PROCESS": "cron"}, "QUEUEADMIN_PROCESS='cron'"),
+        ({"QUEUEADMIN_TASK_TIMEOUT": "ten"}, "is not an integer"),
+        ({"QUEUEADMIN_STALE_THRESHOLD": "300"}, "must exceed QUEUEADMIN_TASK_TIMEOUT"),
+    ],
+)
+def test_it_refuses_bad_values_naming_the_variable(env, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load(**env)
+
+
+def test_postgres_workers_keep_persistent_connections():
+    db = load(DATABASE_URL="postgres://u@h:5432/q", QUEUEADMIN_PROCESS="worker").database
+    assert db["CONN_MAX_AGE"] == 600
+    assert db["CONN_HEALTH_CHECKS"] is True
+    assert "pool" not in db["OPTIONS"]
+
+
+def test_postgres_web_process_uses_the_psycopg_pool_not_persistent_connections():
+    db = load(DATABASE_URL="postgres://u@h:5432/q", QUEUEADMIN_PROCESS="web").database
+    assert db["CONN_MAX_AGE"] == 0
+    assert db["OPTIONS"]["pool"]["max_size"] >= db["OPTIONS"]["pool"]["min_size"]
+
+
+def test_a_bad_setting_stops_manage_py_with_one_clear_line():
+    env = {k: v for k, v in os.environ.items() if k != "SECRET_KEY"}
+    env |= {"QUEUEADMIN_ENV": "production", "ALLOWED_HOSTS": "x.example.com",
+            "DJANGO_SETTINGS_MODULE": "queueadmin.settings"}
+    proc = subprocess.run([sys.executable, "manage.py", "check"], env=env,
+                          capture_output=True, text=True, cwd=config.BASE_DIR, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Configuration error: SECRET_KEY is required in production")
+    assert "Traceback" not in proc.stderr

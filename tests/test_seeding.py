@@ -1,0 +1,90 @@
+import random
+from collections import Counter
+
+import pytest
+from django.db.models import Count
+
+from queues import counters, seeding
+from queues.models import (
+    Attempt,
+    DeadLetter,
+    Item,
+    ItemEvent,
+    OutcomeMinute,
+    Status,
+)
+from tests.factories import QueueFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def seeded():
+    queues = [QueueFactory(), QueueFactory()]
+    result = seeding.seed(items=5000, accounts=60, queues=queues)
+    return queues, result
+
+
+def test_zipf_counts_split_the_total_with_a_skew():
+    counts = seeding.zipf_counts(100_000, 1000, random.Random(1))
+    assert sum(counts) == 100_000
+    assert min(counts) >= 1
+    assert max(counts) > 50 * sorted(counts)[len(counts) // 2]
+
+
+def test_seeder_leaves_counters_equal_to_a_real_count(seeded):
+    queues, _ = seeded
+    ids = [q.pk for q in queues]
+    assert counters.status_counts(ids) == counters.exact_counts(ids)
+    counters.rollup()
+    assert counters.status_counts(ids) == counters.exact_counts(ids)
+
+
+def test_seeder_fills_every_status_across_all_accounts_and_queues(seeded):
+    queues, result = seeded
+    assert result.rows["items"] == Item.objects.count() == 5000
+    statuses = set(Item.objects.values_list("status", flat=True).distinct())
+    assert statuses == set(Status.values)
+    assert Item.objects.values("account").distinct().count() == 60
+    per_queue = Counter(Item.objects.values_list("queue_id", flat=True))
+    assert set(per_queue) == {q.pk for q in queues}
+
+
+def test_account_sizes_are_skewed(seeded):
+    sizes = sorted(
+        (row["n"] for row in Item.objects.values("account").annotate(n=Count("id"))),
+        reverse=True,
+    )
+    assert sizes[0] > 10 * sizes[len(sizes) // 2]
+
+
+def test_seeded_rows_are_the_rows_the_lifecycle_would_leave(seeded):
+    # One finished attempt per dispatch, except the open attempt of an in-flight item.
+    for item in Item.objects.all()[:400]:
+        open_attempt = item.status in (Status.DISPATCHED, Status.RUNNING)
+        assert item.attempt_set.count() == item.attempts - int(open_attempt)
+        events = list(item.events.order_by("at", "id").values_list("transition", flat=True))
+        assert events[0] == "enqueued"
+        assert events.count("dispatched") == item.attempts
+        last = ItemEvent.objects.filter(item_id=item.pk).order_by("-at", "-id").first()
+        assert last.to_status == item.status
+        if item.status in (Status.RETRY, Status.FAILED):
+            assert item.last_error
+        if item.status in (Status.COMPLETE, Status.FAILED, Status.CANCELLED):
+            assert item.finished_at is not None
+    failed = Item.objects.filter(status=Status.FAILED)
+    assert DeadLetter.objects.count() == failed.count()
+    assert not Attempt.objects.filter(outcome="complete").exclude(item__status="complete").exists()
+
+
+def test_seeder_rolls_up_recent_outcomes_per_minute(seeded):
+    assert OutcomeMinute.objects.filter(status=Status.COMPLETE).exists()
+    assert not OutcomeMinute.objects.filter(count__lte=0).exists()
+
+
+def test_seeding_twice_adds_to_existing_data_and_counters(seeded):
+    queues, _ = seeded
+    seeding.seed(items=1000, accounts=10, queues=queues[:1], seed_value=8)
+    ids = [q.pk for q in queues]
+    assert Item.objects.count() == 6000
+    assert counters.status_counts(ids) == counters.exact_counts(ids)
