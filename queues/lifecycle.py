@@ -208,9 +208,10 @@ def enqueue_many(queue_key: str, items: Iterable[Mapping], *, actor: str = "pyth
     batch) and raises IdentifierConflict when it differs. Each returned Item carries `created`.
     """
     now = timezone.now()
-    rows = [_normalise(item, now) for item in items]
-    if len(rows) > BATCH_LIMIT:
+    items = list(items)
+    if len(items) > BATCH_LIMIT:
         raise EnqueueError(f"at most {BATCH_LIMIT} items per call", {"items": "too many"})
+    rows = [_normalise(item, now) for item in items]
     try:
         queue = Queue.objects.get(key=queue_key)
     except Queue.DoesNotExist:
@@ -561,7 +562,8 @@ def _clip_error(message: str | None) -> str:
 
 # --- the transitions callers use -------------------------------------------------------------
 
-def retry_delay(backoff_seconds: list[int], retry_number: int, rng: random.Random = random) -> float:
+def retry_delay(backoff_seconds: list[int], retry_number: int,
+                rng: random.Random = random) -> float:
     """Seconds before retry number `retry_number` (1-based), with +-10% jitter so that items
     failing together do not all come back in the same second. The last delay repeats."""
     base = backoff_seconds[min(retry_number, len(backoff_seconds)) - 1]

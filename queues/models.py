@@ -50,7 +50,9 @@ def validate_backoff(value):
         or not value
         or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
     ):
-        raise ValidationError("Backoff delays must be a non-empty list of whole seconds, e.g. [120, 600].")
+        raise ValidationError(
+            "Backoff delays must be a non-empty list of whole seconds, e.g. [120, 600]."
+        )
 
 
 class Queue(models.Model):
@@ -197,6 +199,9 @@ class Attempt(models.Model):
         # Item detail lists its attempts in order.
         indexes = [models.Index(fields=["item", "number"], name="attempt_item_idx")]
 
+    def __str__(self):
+        return f"attempt {self.number} of item {self.item_id}: {self.outcome}"
+
     @property
     def duration(self):
         if self.started_at is None:
@@ -236,6 +241,9 @@ class ItemEvent(models.Model):
             models.Index(fields=["item", "id"], name="event_item_idx"),
         ]
 
+    def __str__(self):
+        return f"{self.transition} item {self.item_id} at {self.at:%Y-%m-%d %H:%M:%S}"
+
 
 class DeadLetter(models.Model):
     id = models.BigAutoField(primary_key=True)
@@ -260,6 +268,9 @@ class DeadLetter(models.Model):
             models.Index(fields=["item"], name="deadletter_item_idx"),
         ]
 
+    def __str__(self):
+        return f"dead letter {self.pk} of item {self.item_id} ({self.reason})"
+
 
 class SelectorState(models.Model):
     queue = models.OneToOneField(
@@ -267,6 +278,9 @@ class SelectorState(models.Model):
     )
     cursor = models.CharField(max_length=MAX_ACCOUNT_LENGTH, blank=True)
     last_round_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"cursor {self.cursor!r} of queue {self.queue_id}"
 
 
 class CounterDelta(models.Model):
@@ -286,6 +300,9 @@ class CounterDelta(models.Model):
         # Readers add the not-yet-rolled-up deltas of one queue to its base counts.
         indexes = [models.Index(fields=["queue", "status"], name="delta_queue_idx")]
 
+    def __str__(self):
+        return f"{self.status} {self.delta:+d} on queue {self.queue_id}"
+
 
 class StatusCount(models.Model):
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
@@ -297,9 +314,13 @@ class StatusCount(models.Model):
             models.UniqueConstraint(fields=["queue", "status"], name="statuscount_uniq")
         ]
 
+    def __str__(self):
+        return f"{self.status}={self.count} on queue {self.queue_id}"
+
 
 class OutcomeMinute(models.Model):
-    """Items entering an outcome status (complete, retry, failed, cancelled) per queue per minute."""
+    """Items entering an outcome status (complete, retry, failed, cancelled) per queue and
+    minute."""
 
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
     minute = models.DateTimeField()
@@ -312,3 +333,6 @@ class OutcomeMinute(models.Model):
                 fields=["queue", "minute", "status"], name="outcomeminute_uniq"
             )
         ]
+
+    def __str__(self):
+        return f"{self.status}={self.count} on queue {self.queue_id} at {self.minute:%H:%M}"
