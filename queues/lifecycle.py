@@ -334,6 +334,8 @@ def apply(
         return result
     now = timezone.now()
     values = values or {}
+    if transition_.event == "lost" and not reason:
+        reason = WORKER_LOST  # the item, its attempt and dead letter all say why
     with transaction.atomic():
         if action == "requeue":
             # Over the whole request, not per chunk: a shared identifier may span two chunks.
@@ -501,8 +503,7 @@ def _record(transition_: Transition, changed: list[Changed], now: datetime, acto
                 Attempt(
                     item_id=row.id, number=row.attempts, started_at=row.started_at,
                     finished_at=now, outcome=transition_.attempt_outcome,
-                    error=_clip_error(values.get(row.id, {}).get("error", "")
-                                      or (WORKER_LOST if transition_.event == "lost" else "")),
+                    error=_clip_error(values.get(row.id, {}).get("error") or reason),
                     traceback=(values.get(row.id, {}).get("traceback") or "")[-TRACEBACK_LIMIT:],
                     worker=values.get(row.id, {}).get("worker", ""),
                 )
@@ -515,8 +516,10 @@ def _record(transition_: Transition, changed: list[Changed], now: datetime, acto
             [
                 DeadLetter(
                     item_id=row.id, queue_id=row.queue_id, account=row.account,
-                    reason=values.get(row.id, {}).get("dead_reason", WORKER_LOST),
-                    last_error=_clip_error(values.get(row.id, {}).get("error") or WORKER_LOST),
+                    reason=values.get(row.id, {}).get(
+                        "dead_reason", WORKER_LOST if transition_.event == "lost" else "permanent"
+                    ),
+                    last_error=_clip_error(values.get(row.id, {}).get("error") or reason),
                     attempts=row.attempts, created_at=now,
                 )
                 for row in changed

@@ -64,7 +64,7 @@ class Queue(models.Model):
         default=60, validators=[MinValueValidator(1), MaxValueValidator(1000)]
     )
     concurrency = models.PositiveIntegerField(
-        default=10,
+        default=100,
         validators=[MinValueValidator(1)],
         help_text="Most items of this queue dispatched or running at once.",
     )
@@ -281,6 +281,26 @@ class SelectorState(models.Model):
 
     def __str__(self):
         return f"cursor {self.cursor!r} of queue {self.queue_id}"
+
+
+class SelectorRound(models.Model):
+    """One selector round: what it took per account, for the fairness view and the rate limit."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    started_at = models.DateTimeField()
+    duration_ms = models.FloatField()
+    taken = models.PositiveIntegerField()
+    accounts = models.PositiveIntegerField()
+    allocation = models.JSONField(default=dict)  # {account: items taken}
+    cursor = models.CharField(max_length=MAX_ACCOUNT_LENGTH, blank=True)
+
+    class Meta:
+        # Rate limit (items started in the last minute) and the fairness view: recent rounds.
+        indexes = [models.Index(fields=["queue", "started_at"], name="round_queue_idx")]
+
+    def __str__(self):
+        return f"round of queue {self.queue_id} at {self.started_at:%H:%M:%S}: {self.taken}"
 
 
 class CounterDelta(models.Model):

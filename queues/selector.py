@@ -1,0 +1,244 @@
+"""The fair selector: one round per queue picks ready items across accounts and dispatches them.
+
+A round reads only the demand it needs (the next accounts after the cursor, each counted up to
+the batch size), plans with fairness.plan_batch, claims the items, marks them dispatched through
+the lifecycle and enqueues one worker task for the whole batch, all in one transaction: the task
+row is written with the items' new status or not at all.
+"""
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+from django.db.models import Count, Sum
+from django.utils import timezone
+from django_q.tasks import async_task
+
+from queues import counters, lifecycle
+from queues.db import is_postgres, placeholders, to_db_datetime
+from queues.fairness import plan_batch
+from queues.models import (
+    IN_FLIGHT_STATUSES,
+    AccountPolicy,
+    Item,
+    Queue,
+    SelectorRound,
+    SelectorState,
+)
+
+log = logging.getLogger(__name__)
+LOCK_NAMESPACE = 7_466_001  # first key of the advisory lock; the queue id is the second
+READY_SQL = "status IN ('queued', 'retry')"  # the ready-set partial index's predicate
+
+
+@dataclass
+class Round:
+    queue: str
+    taken: dict[str, int] = field(default_factory=dict)
+    skipped: str = ""  # why the round did not select: "busy", "paused", "full", ...
+    capacity: int = 0
+    duration_ms: float = 0.0
+    item_ids: list[int] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.taken.values())
+
+    @property
+    def filled(self) -> bool:
+        """The round took a whole batch: more work is likely waiting, so go on at once."""
+        return self.capacity > 0 and self.total == self.capacity
+
+
+def run_round(queue: Queue) -> Round:
+    result = Round(queue=queue.key)
+    with transaction.atomic():
+        if not _try_lock(queue):
+            result.skipped = "busy"
+            return result
+        # Timed from holding the lock to just before commit, so recorded rounds of one queue
+        # never overlap.
+        started, now = time.perf_counter(), timezone.now()
+        queue.refresh_from_db()
+        if queue.paused:
+            result.skipped = "paused"
+            return result
+        result.capacity = _capacity(queue, now)
+        if result.capacity <= 0:
+            result.skipped = "full"
+            return result
+        state, _ = SelectorState.objects.get_or_create(queue=queue)
+        policies = list(AccountPolicy.objects.filter(queue=queue))
+        excluded, caps, weights = _apply_policies(queue, policies)
+        accounts = _next_accounts(queue, now, state.cursor, result.capacity, excluded)
+        demand = _demand(queue, now, accounts, result.capacity, caps)
+        plan, cursor = plan_batch(demand, result.capacity, state.cursor or None, weights)
+        if plan:
+            result.item_ids = _claim(queue, now, plan)
+            dispatched = lifecycle.apply("dispatch", result.item_ids, actor="selector")
+            for row in dispatched.changed:
+                result.taken[row.account] = result.taken.get(row.account, 0) + 1
+            if dispatched.changed:
+                async_task(
+                    "queues.worker.run_batch", queue.pk,
+                    [[row.id, row.attempts] for row in dispatched.changed],
+                    task_name=f"{queue.key} batch of {len(dispatched.changed)}",
+                )
+        state.cursor = cursor or ""
+        state.last_round_at = now
+        state.save()
+        result.duration_ms = (time.perf_counter() - started) * 1000
+        SelectorRound.objects.create(
+            queue=queue, started_at=now, duration_ms=result.duration_ms, taken=result.total,
+            accounts=len(result.taken), allocation=result.taken, cursor=state.cursor,
+        )
+    if not result.taken:
+        result.skipped = "nothing ready"
+    return result
+
+
+def run_rounds(queue: Queue, *, seconds: float) -> list[Round]:
+    """Rounds back to back while they fill their batch, for up to `seconds`: throughput is set
+    by the workers' room, not by the schedule's tick."""
+    deadline = time.monotonic() + seconds
+    rounds = [run_round(queue)]
+    while rounds[-1].filled and time.monotonic() < deadline:
+        rounds.append(run_round(queue))
+    return rounds
+
+
+def tick(seconds: float = 50.0) -> dict[str, int]:
+    """The scheduled task: rounds for every queue that is not paused; returns items taken."""
+    taken = {}
+    deadline = time.monotonic() + seconds
+    for queue in Queue.objects.filter(paused=False):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        rounds = run_rounds(queue, seconds=left)
+        taken[queue.key] = sum(r.total for r in rounds)
+    if any(taken.values()):
+        log.info("selector dispatched %s", taken)
+    return taken
+
+
+def _try_lock(queue: Queue) -> bool:
+    """One round per queue at a time across processes and machines. On SQLite the IMMEDIATE
+    transaction already holds the database's single write lock."""
+    if not is_postgres():
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, queue.pk])
+        return cursor.fetchone()[0]
+
+
+def _capacity(queue: Queue, now: datetime) -> int:
+    counts = counters.status_counts([queue.pk])[queue.pk]
+    in_flight = sum(counts[status] for status in IN_FLIGHT_STATUSES)
+    capacity = min(queue.batch_size, queue.concurrency - in_flight)
+    if queue.rate_limit_per_minute is not None:
+        recent = SelectorRound.objects.filter(
+            queue=queue, started_at__gt=now - timedelta(minutes=1)
+        ).aggregate(n=Sum("taken"))["n"] or 0
+        capacity = min(capacity, queue.rate_limit_per_minute - recent)
+    return capacity
+
+
+def _apply_policies(queue: Queue, policies: list[AccountPolicy]):
+    """Paused accounts and accounts at their in-flight cap have no demand this round."""
+    excluded = {p.account for p in policies if p.paused}
+    capped = [p for p in policies if p.max_in_flight is not None and not p.paused]
+    caps = {}
+    if capped:
+        in_flight = dict(
+            Item.objects.filter(queue=queue, account__in=[p.account for p in capped],
+                                status__in=IN_FLIGHT_STATUSES)
+            .values("account").annotate(n=Count("id")).values_list("account", "n")
+        )
+        for policy in capped:
+            room = policy.max_in_flight - in_flight.get(policy.account, 0)
+            if room <= 0:
+                excluded.add(policy.account)
+            else:
+                caps[policy.account] = room
+    weights = {p.account: p.weight for p in policies if p.weight != 1}
+    return excluded, caps, weights
+
+
+def _next_accounts(queue: Queue, now: datetime, cursor: str, limit: int,
+                   excluded: set[str]) -> list[str]:
+    """Accounts with due ready items in ring order after the cursor, at most `limit` of them:
+    a loose index scan that jumps from account to account, never reading all ready rows."""
+    found = _accounts_after(queue, now, cursor, limit, excluded)
+    if len(found) < limit and cursor:
+        found += [a for a in _accounts_after(queue, now, "", limit - len(found), excluded)
+                  if a <= cursor]
+    return found
+
+
+def _accounts_after(queue: Queue, now: datetime, after: str, limit: int,
+                    excluded: set[str]) -> list[str]:
+    table = Item._meta.db_table
+    not_excluded = (f"AND account NOT IN ({placeholders(len(excluded))})" if excluded else "")
+    step = (f"SELECT account FROM {table} WHERE queue_id = %s AND {READY_SQL} AND run_at <= %s "
+            f"AND account > {{prev}} {not_excluded} ORDER BY account LIMIT 1")
+    step_params = [queue.pk, to_db_datetime(now)]
+    sql = (
+        f"WITH RECURSIVE accounts(account, n) AS ("
+        f" SELECT ({step.format(prev='%s')}), 1"
+        f" UNION ALL"
+        f" SELECT ({step.format(prev='accounts.account')}), n + 1 FROM accounts"
+        f" WHERE accounts.account IS NOT NULL AND n < %s"
+        f") SELECT account FROM accounts WHERE account IS NOT NULL"
+    )
+    params = [*step_params, after, *excluded, *step_params, *excluded, limit]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _demand(queue: Queue, now: datetime, accounts: list[str], batch_size: int,
+            caps: dict[str, int]) -> dict[str, int]:
+    """Due ready items per account, each counted only up to what this round could take."""
+    if not accounts:
+        return {}
+    table = Item._meta.db_table
+    parts, params = [], []
+    for account in accounts:
+        parts.append(
+            f"SELECT %s, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE queue_id = %s "
+            f"AND account = %s AND {READY_SQL} AND run_at <= %s LIMIT %s) AS due)"
+        )
+        params += [account, queue.pk, account, to_db_datetime(now),
+                   min(batch_size, caps.get(account, batch_size))]
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), params)
+        return {account: count for account, count in cursor.fetchall() if count}
+
+
+def _claim(queue: Queue, now: datetime, plan: dict[str, int]) -> list[int]:
+    """The planned number of items per account: highest priority, then oldest ready, first.
+    PostgreSQL skips rows another transaction holds (an admin cancelling them, say)."""
+    table = Item._meta.db_table
+    order = "ORDER BY priority DESC, run_at, id"
+    due = f"queue_id = %s AND {READY_SQL} AND run_at <= %s"
+    if is_postgres():
+        values = ", ".join(["(%s, %s)"] * len(plan))
+        sql = (f"SELECT c.id FROM (VALUES {values}) AS p(account, n) CROSS JOIN LATERAL "
+               f"(SELECT id FROM {table} WHERE {due} AND account = p.account {order} "
+               f"LIMIT p.n FOR UPDATE SKIP LOCKED) AS c")
+        params = [v for account, n in plan.items() for v in (account, n)]
+        params += [queue.pk, to_db_datetime(now)]
+    else:
+        parts, params = [], []
+        for account, n in plan.items():
+            parts.append(f"SELECT id FROM (SELECT id FROM {table} WHERE {due} AND account = %s "
+                         f"{order} LIMIT %s)")
+            params += [queue.pk, to_db_datetime(now), account, n]
+        sql = " UNION ALL ".join(parts)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]
+

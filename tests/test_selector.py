@@ -1,0 +1,220 @@
+"""queues.selector: one fair round per queue, claimed atomically, one worker task per batch."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
+
+from queues import enqueue_many, lifecycle, selector
+from queues.models import Item, SelectorRound, SelectorState, Status
+from tests.factories import AccountPolicyFactory, QueueFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def put(queue, account, n, *, prefix=None, **fields):
+    prefix = prefix or f"{account}-{fields.get('priority', 0)}-{Item.objects.count()}"
+    return enqueue_many(queue.key, [
+        {"account": account, "identifier": f"{prefix}-{i}", "payload": {"i": i}, **fields}
+        for i in range(n)
+    ])
+
+
+def dispatched_tasks():
+    return [SignedPackage.loads(task.payload) for task in OrmQ.objects.order_by("id")]
+
+
+def test_a_round_dispatches_a_fair_batch_and_one_worker_task():
+    queue = QueueFactory(batch_size=10)
+    put(queue, "big", 50)
+    put(queue, "small", 2)
+    put(queue, "mid", 5)
+    result = selector.run_round(queue)
+    assert result.taken == {"big": 4, "mid": 4, "small": 2}
+    assert Item.objects.filter(status=Status.DISPATCHED).count() == 10
+    [task] = dispatched_tasks()
+    assert task["func"] == "queues.worker.run_batch"
+    queue_id, batch = task["args"]
+    assert queue_id == queue.pk
+    assert sorted(item_id for item_id, _ in batch) == sorted(result.item_ids)
+    assert {attempt for _, attempt in batch} == {1}
+    record = SelectorRound.objects.get()
+    assert (record.taken, record.accounts, record.allocation) == (10, 3, result.taken)
+
+
+def test_the_cursor_rotates_service_across_rounds_and_persists():
+    queue = QueueFactory(batch_size=2)
+    for account in "abcde":
+        put(queue, account, 3)
+    served = [set(selector.run_round(queue).taken) for _ in range(3)]
+    assert served[0] | served[1] | served[2] == set("abcde")
+    assert SelectorState.objects.get(queue=queue).cursor in set("abcde")
+
+
+def test_within_an_account_higher_priority_then_oldest_ready_go_first():
+    queue = QueueFactory(batch_size=3)
+    now = timezone.now()
+    old = put(queue, "acme", 2, prefix="old", run_at=now - timedelta(hours=1))
+    urgent = put(queue, "acme", 1, prefix="urgent", priority=5)
+    put(queue, "acme", 2, prefix="new")
+    result = selector.run_round(queue)
+    assert set(result.item_ids) == {urgent[0].pk, old[0].pk, old[1].pk}
+
+
+def test_it_skips_delayed_items_and_retries_not_yet_due():
+    queue = QueueFactory(batch_size=10)
+    later = timezone.now() + timedelta(minutes=10)
+    put(queue, "acme", 3, prefix="delayed", run_at=later)
+    [retrying] = put(queue, "acme", 1, prefix="retrying")
+    lifecycle.apply("dispatch", [retrying.pk], actor="t")
+    lifecycle.apply("start", [retrying.pk], actor="t")
+    lifecycle.finish(queue, [lifecycle.Outcome(retrying.pk, 1, error="boom")], worker="w")
+    assert selector.run_round(queue).taken == {}
+    assert not OrmQ.objects.exists()
+
+
+def test_a_due_retry_is_selected_again_with_the_next_attempt_number():
+    queue = QueueFactory(batch_size=10)
+    [item] = put(queue, "acme", 1)
+    selector.run_round(queue)
+    lifecycle.apply("start", [item.pk], actor="t")
+    lifecycle.finish(queue, [lifecycle.Outcome(item.pk, 1, error="boom", delay=0)], worker="w")
+    result = selector.run_round(queue)
+    assert result.item_ids == [item.pk]
+    assert dispatched_tasks()[-1]["args"][1] == [[item.pk, 2]]
+
+
+def test_a_paused_queue_selects_nothing():
+    queue = QueueFactory(paused=True)
+    put(queue, "acme", 3)
+    assert selector.run_round(queue).skipped == "paused"
+    assert not Item.objects.filter(status=Status.DISPATCHED).exists()
+
+
+def test_a_paused_account_selects_nothing_while_others_are_served():
+    queue = QueueFactory(batch_size=10)
+    AccountPolicyFactory(queue=queue, account="held", paused=True)
+    put(queue, "held", 5)
+    put(queue, "free", 5)
+    assert selector.run_round(queue).taken == {"free": 5}
+
+
+def test_an_account_in_flight_cap_holds_across_rounds():
+    queue = QueueFactory(batch_size=10)
+    AccountPolicyFactory(queue=queue, account="capped", max_in_flight=3)
+    put(queue, "capped", 10)
+    put(queue, "other", 10)
+    assert selector.run_round(queue).taken == {"capped": 3, "other": 7}
+    assert selector.run_round(queue).taken == {"other": 3}
+
+
+def test_account_weights_scale_the_share():
+    queue = QueueFactory(batch_size=8)
+    AccountPolicyFactory(queue=queue, account="heavy", weight=3)
+    put(queue, "heavy", 20)
+    put(queue, "light", 20)
+    assert selector.run_round(queue).taken == {"heavy": 6, "light": 2}
+
+
+def test_the_queue_concurrency_caps_items_in_flight():
+    queue = QueueFactory(batch_size=10, concurrency=4)
+    put(queue, "acme", 10)
+    assert selector.run_round(queue).total == 4
+    second = selector.run_round(queue)
+    assert (second.total, second.skipped) == (0, "full")
+
+
+def test_the_rate_limit_caps_items_started_per_minute():
+    queue = QueueFactory(batch_size=10, rate_limit_per_minute=15)
+    put(queue, "acme", 40)
+    assert [selector.run_round(queue).total for _ in range(3)] == [10, 5, 0]
+    SelectorRound.objects.update(started_at=timezone.now() - timedelta(minutes=2))
+    assert selector.run_round(queue).total == 10
+
+
+def test_run_rounds_goes_on_at_once_while_rounds_fill_their_batch():
+    queue = QueueFactory(batch_size=5)
+    put(queue, "acme", 12)
+    rounds = selector.run_rounds(queue, seconds=30)
+    assert [r.total for r in rounds] == [5, 5, 2]
+
+
+def test_tick_runs_every_queue_that_is_not_paused():
+    running, paused = QueueFactory(batch_size=5), QueueFactory(paused=True)
+    put(running, "acme", 7)
+    put(paused, "acme", 7)
+    assert selector.tick(seconds=30) == {running.key: 7}
+
+
+def test_select_command_prints_what_each_round_took(capsys):
+    from django.core.management import call_command
+
+    queue = QueueFactory(key="mail", batch_size=4)
+    put(queue, "acme", 3)
+    put(queue, "zeta", 3)
+    call_command("select", "--queue", "mail")
+    call_command("select", "--queue", "mail")
+    out = capsys.readouterr().out
+    assert "mail: 4 of 4" in out
+    assert "from 2 accounts (acme=2, zeta=2)" in out
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_concurrent_round_for_the_same_queue_returns_at_once_without_selecting():
+    queue = QueueFactory()
+    put(queue, "acme", 5)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_round_lock():
+        with transaction.atomic():
+            assert selector._try_lock(queue)
+            holding.set()
+            release.wait(10)
+        connection.close()
+
+    holder = threading.Thread(target=hold_the_round_lock)
+    holder.start()
+    holding.wait(10)
+    try:
+        assert selector.run_round(queue).skipped == "busy"
+    finally:
+        release.set()
+        holder.join()
+    assert selector.run_round(queue).total == 5
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_selectors_running_concurrently_never_select_the_same_item():
+    queue = QueueFactory(batch_size=7, concurrency=10_000)
+    for account in range(12):
+        put(queue, f"acct-{account:02d}", 25)
+    picked: list[list[int]] = [[], []]
+    barrier = threading.Barrier(2)
+
+    def select_until_empty(slot):
+        barrier.wait()
+        idle = 0
+        while idle < 20:
+            result = selector.run_round(queue)
+            picked[slot] += result.item_ids
+            idle = idle + 1 if not result.item_ids else 0
+        connection.close()
+
+    threads = [threading.Thread(target=select_until_empty, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    everything = picked[0] + picked[1]
+    assert len(everything) == len(set(everything)) == 300
+    assert Item.objects.filter(status=Status.DISPATCHED, attempts=1).count() == 300
+    rounds = list(SelectorRound.objects.order_by("started_at").values_list(
+        "started_at", "duration_ms"))
+    for (start, duration), (next_start, _) in zip(rounds, rounds[1:], strict=False):
+        assert start + timedelta(milliseconds=duration) <= next_start
