@@ -16,7 +16,14 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from queues import counters
-from queues.db import chunked, from_db_datetime, placeholders, to_db_datetime, typed
+from queues.db import (
+    chunked,
+    from_db_datetime,
+    insert_rows,
+    placeholders,
+    to_db_datetime,
+    typed,
+)
 from queues.models import (
     LIVE_STATUSES,
     MAX_ACCOUNT_LENGTH,
@@ -34,6 +41,12 @@ ERROR_LIMIT = 10_000  # characters of an error message kept on the item and atte
 TRACEBACK_LIMIT = 20_000
 WORKER_LOST = "worker lost"
 PRIORITY_RANGE = (-32768, 32767)
+ATTEMPT_COLUMNS = ("item_id", "number", "started_at", "finished_at", "outcome", "error",
+                   "traceback", "worker")
+DEAD_LETTER_COLUMNS = ("item_id", "queue_id", "account", "reason", "last_error", "attempts",
+                       "created_at", "replayed_by")
+EVENT_COLUMNS = ("item_id", "queue_id", "account", "identifier", "transition", "from_status",
+                 "to_status", "attempt", "at", "actor", "reason")
 
 
 @dataclass(frozen=True)
@@ -247,9 +260,9 @@ def _insert_or_find(queue: Queue, rows: list[dict], now: datetime, actor: str) -
                 status__in=LIVE_STATUSES,
             )
         }
-        created = list(Item.objects.filter(pk__in=created_ids.values()))
+        created = [_saved_item(queue, row, created_ids[row["identifier"]], now)
+                   for row in pending if row["identifier"] in created_ids]
         for item in created:
-            item.created = True
             found[item.identifier] = item
         _record_enqueued(queue, created, now, actor)
         pending = []
@@ -267,44 +280,46 @@ def _insert_or_find(queue: Queue, rows: list[dict], now: datetime, actor: str) -
     raise LifecycleError("identifier kept changing state during enqueue; try again")
 
 
+def _saved_item(queue: Queue, row: dict, pk: int, now: datetime) -> Item:
+    """The inserted row as an Item, built from what we wrote instead of read back."""
+    item = Item(id=pk, queue=queue, account=row["account"], identifier=row["identifier"],
+                payload=row["payload"], priority=row["priority"], status=Status.QUEUED,
+                previous_status="", attempts=0, run_at=row["run_at"], last_error="",
+                created_at=now, updated_at=now)
+    item._state.adding = False
+    item._state.db = connection.alias
+    item.created = True
+    return item
+
+
 def _insert_ignoring_live_duplicates(queue: Queue, rows: list[dict], now: datetime) -> dict:
-    if not rows:
-        return {}
-    table = Item._meta.db_table
     payload_field = Item._meta.get_field("payload")
     columns = ("queue_id", "account", "identifier", "payload", "priority", "status",
                "previous_status", "attempts", "run_at", "last_error", "created_at", "updated_at")
-    params = []
-    for row in rows:
-        params += [
-            queue.pk, row["account"], row["identifier"],
-            payload_field.get_db_prep_save(row["payload"], connection), row["priority"],
-            Status.QUEUED, "", 0, to_db_datetime(row["run_at"]), "", to_db_datetime(now),
-            to_db_datetime(now),
-        ]
-    values = ", ".join([f"({placeholders(len(columns))})"] * len(rows))
-    sql = (
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values} "
-        f"ON CONFLICT (queue_id, identifier) WHERE {_live_status_sql()} DO NOTHING "
-        "RETURNING id, identifier"
+    at = to_db_datetime(now)
+    inserted = insert_rows(
+        Item, columns,
+        [
+            (queue.pk, row["account"], row["identifier"],
+             payload_field.get_db_prep_save(row["payload"], connection), row["priority"],
+             Status.QUEUED, "", 0, to_db_datetime(row["run_at"]), "", at, at)
+            for row in rows
+        ],
+        suffix=f"ON CONFLICT (queue_id, identifier) WHERE {_live_status_sql()} DO NOTHING",
+        returning="id, identifier",
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return {identifier: pk for pk, identifier in cursor.fetchall()}
+    return {identifier: pk for pk, identifier in inserted}
 
 
 def _record_enqueued(queue: Queue, items: list[Item], now: datetime, actor: str):
     if not items:
         return
-    ItemEvent.objects.bulk_create(
-        [
-            ItemEvent(item_id=item.pk, queue_id=queue.pk, account=item.account,
-                      identifier=item.identifier, transition="enqueued", from_status="",
-                      to_status=Status.QUEUED, attempt=0, at=now, actor=actor)
-            for item in items
-        ],
-        batch_size=BATCH_LIMIT,
-    )
+    at = to_db_datetime(now)
+    insert_rows(ItemEvent, EVENT_COLUMNS, [
+        (item.pk, queue.pk, item.account, item.identifier, "enqueued", "", Status.QUEUED, 0, at,
+         actor, "")
+        for item in items
+    ])
     counters.record({(queue.pk, Status.QUEUED): len(items)}, now)
 
 
@@ -476,21 +491,22 @@ def _drop_requeue_duplicates(ids: list[int], result: TransitionResult) -> list[i
 
 def _record(transition_: Transition, changed: list[Changed], now: datetime, actor: str,
             reason: str, values: Mapping[int, Mapping]):
+    """Events, counter deltas, attempts and dead letters of the rows a transition moved."""
     if not changed:
         return
-    ItemEvent.objects.bulk_create(
-        [
-            ItemEvent(
-                item_id=row.id, queue_id=row.queue_id, account=row.account,
-                identifier=row.identifier, transition=transition_.event,
-                from_status=row.from_status, to_status=transition_.target,
-                attempt=row.attempts, at=now, actor=actor,
-                reason=_clip_error(values.get(row.id, {}).get("error") or reason),
-            )
-            for row in changed
-        ],
-        batch_size=BATCH_LIMIT,
-    )
+    at = to_db_datetime(now)
+
+    def data(row: Changed) -> Mapping:
+        return values.get(row.id, {})
+
+    def error(row: Changed) -> str:
+        return _clip_error(data(row).get("error") or reason)
+
+    insert_rows(ItemEvent, EVENT_COLUMNS, [
+        (row.id, row.queue_id, row.account, row.identifier, transition_.event, row.from_status,
+         transition_.target, row.attempts, at, actor, error(row))
+        for row in changed
+    ])
     deltas: Counter = Counter()
     for row in changed:
         deltas[(row.queue_id, row.from_status)] -= 1
@@ -498,34 +514,19 @@ def _record(transition_: Transition, changed: list[Changed], now: datetime, acto
     counters.record(deltas, now)
 
     if transition_.attempt_outcome:
-        Attempt.objects.bulk_create(
-            [
-                Attempt(
-                    item_id=row.id, number=row.attempts, started_at=row.started_at,
-                    finished_at=now, outcome=transition_.attempt_outcome,
-                    error=_clip_error(values.get(row.id, {}).get("error") or reason),
-                    traceback=(values.get(row.id, {}).get("traceback") or "")[-TRACEBACK_LIMIT:],
-                    worker=values.get(row.id, {}).get("worker", ""),
-                )
-                for row in changed
-            ],
-            batch_size=BATCH_LIMIT,
-        )
+        insert_rows(Attempt, ATTEMPT_COLUMNS, [
+            (row.id, row.attempts, to_db_datetime(row.started_at), at,
+             transition_.attempt_outcome, error(row),
+             (data(row).get("traceback") or "")[-TRACEBACK_LIMIT:], data(row).get("worker", ""))
+            for row in changed
+        ])
     if transition_.dead_letter:
-        DeadLetter.objects.bulk_create(
-            [
-                DeadLetter(
-                    item_id=row.id, queue_id=row.queue_id, account=row.account,
-                    reason=values.get(row.id, {}).get(
-                        "dead_reason", WORKER_LOST if transition_.event == "lost" else "permanent"
-                    ),
-                    last_error=_clip_error(values.get(row.id, {}).get("error") or reason),
-                    attempts=row.attempts, created_at=now,
-                )
-                for row in changed
-            ],
-            batch_size=BATCH_LIMIT,
-        )
+        default_reason = WORKER_LOST if transition_.event == "lost" else "permanent"
+        insert_rows(DeadLetter, DEAD_LETTER_COLUMNS, [
+            (row.id, row.queue_id, row.account, data(row).get("dead_reason", default_reason),
+             error(row), row.attempts, at, "")
+            for row in changed
+        ])
     if transition_.name == "requeue":
         DeadLetter.objects.filter(
             item_id__in=[row.id for row in changed], replayed_at__isnull=True

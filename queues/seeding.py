@@ -7,6 +7,7 @@ seeding a million items ships no rows through Python.
 """
 
 import random
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -60,9 +61,7 @@ class SeedResult:
     seconds: dict[str, float] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def total_seconds(self) -> float:
-        return sum(self.seconds.values())
+    wall_seconds: float = 0.0  # steps overlap on PostgreSQL, so this is not their sum
 
 
 class Dialect:
@@ -87,6 +86,12 @@ class Dialect:
         if self.pg:
             return f"date_trunc('minute', {column})"
         return f"strftime('%Y-%m-%d %H:%M:00', {column})"
+
+    @property
+    def fence(self) -> str:
+        """Ends a subquery so that PostgreSQL computes each row once instead of inlining the
+        expressions into a join above it (where they would run once per joined row)."""
+        return "OFFSET 0" if self.pg else ""
 
     def zero_pad(self, number_sql: str, width: int) -> str:
         # Zero-padded identifiers sort like their numbers, so the identifier indexes grow at
@@ -134,41 +139,122 @@ def seed(*, items: int, accounts: int, queues: list[Queue], spread_days: int = 3
         raise ValueError("need at least one item, one account and one queue")
     if items % SEED_PRIME == 0:
         items += 1  # keep the account permutation a bijection
-    rng = random.Random(seed_value)
     now = timezone.now().replace(microsecond=0)
     dialect = Dialect(now)
     result = SeedResult(items=items, accounts=accounts, queues=len(queues))
-    tag = f"s{int(time.time() * 1000):x}"
+    plan = _Plan(dialect, items, queues, spread_days, f"s{int(time.time() * 1000):x}",
+                 zipf_accounts(items, accounts, account_prefix, random.Random(seed_value)))
 
     def step(name):
         return _Timer(result, name, log)
 
-    with transaction.atomic(), _indexes_built_after_load(dialect, [Item, Attempt, ItemEvent], step):
-        with step("accounts"):
-            _create_account_table(items, accounts, account_prefix, rng)
-        first_id = _max_id(Item)
-        with step("items"):
-            _insert_items(dialect, items, queues, spread_days, tag)
-            # SQLite reports no rowcount for INSERT ... WITH, so count the new id range.
-            result.rows["items"] = _count_after(Item, first_id)
-        with step("attempts"):
-            result.rows["attempts"] = _insert_attempts(dialect, first_id)
-        with step("events"):
-            result.rows["events"] = _insert_events(dialect, first_id)
-        with step("dead letters"):
-            result.rows["dead_letters"] = _insert_dead_letters(first_id)
-        with step("counters"):
-            _add_counters(dialect, first_id)
-        _execute("DROP TABLE seed_accounts")
+    started = time.perf_counter()
+    plan.first_id = _reserve_ids(Item, items)
     if dialect.pg:
+        # Items and events are independent rows generated from the same numbers, so on
+        # PostgreSQL the events load on a second connection while the items load here; both
+        # transactions commit only when both loads succeeded.
+        with _parallel(lambda: _load_events(plan, step, result)) as events:
+            _load_items(plan, step, result)
+            events.wait()
         with step("analyze"):
             for model in (Item, Attempt, ItemEvent, DeadLetter):
                 _execute(f"ANALYZE {model._meta.db_table}")
+    else:
+        with transaction.atomic():
+            _load_items(plan, step, result)
+            _load_events(plan, step, result)
+    result.wall_seconds = time.perf_counter() - started
     return result
 
 
+@dataclass
+class _Plan:
+    dialect: "Dialect"
+    items: int
+    queues: list
+    spread_days: int
+    tag: str
+    accounts: list[tuple[int, int, str]]
+    first_id: int = 0
+
+
+def _load_items(plan: "_Plan", step, result: SeedResult):
+    with transaction.atomic(), _bulk_load(plan.dialect, [Item, Attempt], step, "item indexes"):
+        _create_account_table(plan.accounts)
+        with step("items"):
+            _execute(_insert_items_sql(plan))
+            result.rows["items"] = plan.items
+        with step("attempts"):
+            result.rows["attempts"] = _insert_attempts(plan.dialect, plan.first_id)
+        with step("dead letters"):
+            result.rows["dead_letters"] = _insert_dead_letters(plan.first_id)
+        with step("counters"):
+            _add_counters(plan.first_id)
+        _execute("DROP TABLE seed_accounts")
+
+
+def _load_events(plan: "_Plan", step, result: SeedResult):
+    with transaction.atomic(), _bulk_load(plan.dialect, [ItemEvent], step, "event indexes"):
+        _create_account_table(plan.accounts)
+        with step("events"):
+            result.rows["events"] = _execute(_insert_events_sql(plan))
+        with step("outcome rollups"):
+            _add_outcome_minutes(plan.dialect, plan.first_id)
+        _execute("DROP TABLE seed_accounts")
+
+
+class _parallel:
+    """Runs `work` in a thread with its own database connection. Its transaction commits only
+    after the caller's block finished without error (the caller waits for it with wait())."""
+
+    def __init__(self, work):
+        self.work = work
+        self.error: BaseException | None = None
+        self.loaded = threading.Event()
+        self.verdict = threading.Event()
+        self.commit = False
+
+    def _run(self):
+        try:
+            with transaction.atomic():
+                self.work()
+                self.loaded.set()
+                self.verdict.wait()
+                if not self.commit:
+                    raise _Abandoned
+        except _Abandoned:
+            pass
+        except BaseException as exc:  # reported to the caller in wait()
+            self.error = exc
+        finally:
+            self.loaded.set()
+            connection.close()
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self._run, name="seed-events")
+        self.thread.start()
+        return self
+
+    def wait(self):
+        self.loaded.wait()
+        if self.error:
+            raise self.error
+
+    def __exit__(self, exc_type, *exc):
+        self.commit = exc_type is None and self.error is None
+        self.verdict.set()
+        self.thread.join()
+        if exc_type is None and self.error:
+            raise self.error
+
+
+class _Abandoned(Exception):
+    pass
+
+
 @contextmanager
-def _indexes_built_after_load(d: Dialect, models: list, step):
+def _bulk_load(d: Dialect, models: list, step, label: str):
     """On PostgreSQL, load empty tables without their secondary indexes and build those once at
     the end: a sorted build is several times faster than a million random index insertions.
     Tables that already hold rows keep their indexes; everything stays in one transaction."""
@@ -181,6 +267,9 @@ def _indexes_built_after_load(d: Dialect, models: list, step):
             # The generated statements are large expressions run once: compiling them with JIT
             # costs seconds and saves nothing.
             cursor.execute("SET LOCAL jit = off")
+            # Sorting a million generated rows by time fits in memory instead of spilling.
+            cursor.execute("SET LOCAL work_mem = '256MB'")
+            cursor.execute("SET LOCAL maintenance_work_mem = '512MB'")
             _skip_foreign_key_triggers(cursor)
             for model in models:
                 table = model._meta.db_table
@@ -195,7 +284,7 @@ def _indexes_built_after_load(d: Dialect, models: list, step):
                     saved.append(definition)
     yield
     if saved:
-        with step("indexes"), connection.cursor() as cursor:
+        with step(label), connection.cursor() as cursor:
             for definition in saved:
                 cursor.execute(definition)
 
@@ -236,34 +325,61 @@ def literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _max_id(model) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM {model._meta.db_table}")
-        return cursor.fetchone()[0]
-
-
-def _count_after(model, first_id: int) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT COUNT(*) FROM {model._meta.db_table} WHERE id > {int(first_id)}")
-        return cursor.fetchone()[0]
-
-
-def _create_account_table(items: int, accounts: int, prefix: str, rng: random.Random):
-    _execute("DROP TABLE IF EXISTS seed_accounts")
-    _execute("CREATE TEMPORARY TABLE seed_accounts "
-             "(lo BIGINT PRIMARY KEY, hi BIGINT, name VARCHAR(200))")
+def zipf_accounts(items: int, accounts: int, prefix: str,
+                  rng: random.Random) -> list[tuple[int, int, str]]:
+    """(lo, hi, name): each account owns a range of the permuted item numbers."""
     rows, lo = [], 0
     for index, count in enumerate(zipf_counts(items, accounts, rng)):
         if count:
             rows.append((lo, lo + count, f"{prefix}-{index:05d}"))
             lo += count
+    return rows
+
+
+def _create_account_table(rows: list[tuple[int, int, str]]):
+    # A temporary table is private to its connection: each loading connection makes its own.
+    _execute("DROP TABLE IF EXISTS seed_accounts")
+    _execute("CREATE TEMPORARY TABLE seed_accounts "
+             "(lo BIGINT PRIMARY KEY, hi BIGINT, name VARCHAR(200))")
     with connection.cursor() as cursor:
         cursor.executemany("INSERT INTO seed_accounts (lo, hi, name) VALUES (%s, %s, %s)", rows)
 
 
-def _insert_items(d: Dialect, items: int, queues: list[Queue], spread_days: int, tag: str):
+def _reserve_ids(model, count: int) -> int:
+    """Items get explicit ids first_id + 1 + n, so events can be generated for them from the
+    same numbers without reading the items back. Returns first_id."""
+    table = model._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"SELECT pg_get_serial_sequence('{table}', 'id')")
+            sequence = cursor.fetchone()[0]
+            cursor.execute(
+                f"SELECT setval('{sequence}', GREATEST((SELECT COALESCE(MAX(id), 0) FROM {table}),"
+                f" (SELECT last_value FROM {sequence})) + {int(count)}) - {int(count)}")
+        else:
+            # AUTOINCREMENT never reuses an id, even of deleted rows: start past both.
+            cursor.execute(
+                f"SELECT MAX(COALESCE((SELECT MAX(id) FROM {table}), 0), COALESCE("
+                f"(SELECT seq FROM sqlite_sequence WHERE name = '{table}'), 0))")
+        return cursor.fetchone()[0]
+
+
+ITEM_COLUMNS = ("id, queue_id, account, identifier, payload, priority, status, previous_status, "
+                "attempts, run_at, last_error, created_at, updated_at, dispatched_at, started_at, "
+                "finished_at")
+
+
+def _insert_items_sql(plan: "_Plan") -> str:
+    prefix, generated = _generated_items_sql(plan)
+    return (f"{prefix} INSERT INTO {Item._meta.db_table} ({ITEM_COLUMNS}) "
+            f"SELECT {ITEM_COLUMNS} FROM {generated} AS generated ORDER BY id")
+
+
+def _generated_items_sql(plan: "_Plan") -> tuple[str, str]:
+    """(prefix, subquery) yielding every column of the seeded items, id included."""
+    d, items, queues, tag = plan.dialect, plan.items, plan.queues, plan.tag
     prefix, source = d.numbered_accounts(items)
-    spread = spread_days * 86400
+    spread = plan.spread_days * 86400
     bands, upper = [], 0
     for status, width in STATUS_BANDS:
         upper += width
@@ -272,36 +388,33 @@ def _insert_items(d: Dialect, items: int, queues: list[Queue], spread_days: int,
     created = d.now_plus(f"-{spread} + n * {spread} / {items}")
     # Attempts are ten minutes apart (see _insert_attempts); the item finishes after the last.
     finish = "CASE WHEN attempts > 1 THEN (attempts - 1) * 600 ELSE 0 END + 5 + v % 60"
-    table = Item._meta.db_table
     # r picks the status, v varies the details; both are cheap integer hashes of n so that the
     # same SQL runs on both databases and repeated seeds are reproducible.
-    sql = f"""
-    {prefix}
-    INSERT INTO {table} (queue_id, account, identifier, payload, priority, status,
-        previous_status, attempts, run_at, last_error, created_at, updated_at, dispatched_at,
-        started_at, finished_at)
-    SELECT queue_id, account, identifier, payload, priority, status,
+    sql = f"""(
+    SELECT {plan.first_id + 1} + n AS id, queue_id, account, identifier, payload, priority,
+        status,
         CASE status WHEN 'queued' THEN '' WHEN 'dispatched' THEN 'queued'
-            WHEN 'running' THEN 'dispatched' WHEN 'cancelled' THEN 'queued' ELSE 'running' END,
+            WHEN 'running' THEN 'dispatched' WHEN 'cancelled' THEN 'queued' ELSE 'running' END
+            AS previous_status,
         attempts,
         CASE WHEN status = 'queued' AND v % 40 = 0 THEN {d.now_plus("v % 3600")}
              WHEN status = 'retry' AND v % 4 = 0 THEN {d.now_plus("v % 2700")}
              WHEN status = 'retry' THEN {d.now_plus("-(v % 600)")}
-             ELSE created END,
-        CASE WHEN status IN ('retry', 'failed') THEN {_error_case("v")} ELSE '' END,
-        created,
+             ELSE created END AS run_at,
+        CASE WHEN status IN ('retry', 'failed') THEN {_error_case("v")} ELSE '' END AS last_error,
+        created AS created_at,
         CASE WHEN status IN ('dispatched', 'running') THEN {d.now_plus("-(v % 60)")}
              WHEN status IN ('complete', 'failed', 'cancelled') THEN {d.plus("created", finish)}
              WHEN status = 'retry' THEN {d.plus("created", "4")}
-             ELSE created END,
+             ELSE created END AS updated_at,
         CASE WHEN status IN ('dispatched', 'running') THEN {d.now_plus("-(v % 60)")}
              WHEN status IN ('queued', 'cancelled') THEN NULL
-             ELSE {d.plus("created", "1")} END,
+             ELSE {d.plus("created", "1")} END AS dispatched_at,
         CASE WHEN status = 'running' THEN {d.now_plus("-(v % 50)")}
              WHEN status IN ('complete', 'retry', 'failed') THEN {d.plus("created", "2")}
-             ELSE NULL END,
+             ELSE NULL END AS started_at,
         CASE WHEN status IN ('complete', 'failed', 'cancelled') THEN {d.plus("created", finish)}
-             ELSE NULL END
+             ELSE NULL END AS finished_at
     FROM (
         SELECT n, r, v, status, account, {created} AS created,
             CASE n % {len(queues)} {queue_case} END AS queue_id,
@@ -320,9 +433,9 @@ def _insert_items(d: Dialect, items: int, queues: list[Queue], spread_days: int,
                          (n * 40503) % 65521 AS v FROM {source}) hashed
         ) with_status
     ) seeded
-    ORDER BY n
-    """
-    _execute(sql)
+    {d.fence}
+    )"""
+    return prefix, sql
 
 
 def _insert_attempts(d: Dialect, first_id: int) -> int:
@@ -355,14 +468,15 @@ def _numbers(count: int) -> str:
     return " UNION ALL ".join(f"SELECT {k} AS k" for k in range(1, count + 1))
 
 
-def _insert_events(d: Dialect, first_id: int) -> int:
+def _insert_events_sql(plan: "_Plan") -> str:
     """The history the lifecycle writes: enqueued, then per attempt dispatched, started and its
-    outcome, or cancelled."""
-    table, items = ItemEvent._meta.db_table, Item._meta.db_table
+    outcome, or cancelled. Generated from the same numbers as the items, not read from them."""
+    d = plan.dialect
+    prefix, generated = _generated_items_sql(plan)
     # phase 0 = enqueued/cancelled, 1 = dispatched, 2 = started, 3 = attempt outcome
-    sql = f"""
-    INSERT INTO {table} (item_id, queue_id, account, identifier, transition, from_status,
-                         to_status, attempt, at, actor, reason)
+    return f"""
+    {prefix} INSERT INTO {ItemEvent._meta.db_table} (item_id, queue_id, account, identifier,
+        transition, from_status, to_status, attempt, at, actor, reason)
     SELECT i.id, i.queue_id, i.account, i.identifier,
         CASE p.phase WHEN 0 THEN CASE WHEN p.k = 0 THEN 'enqueued' ELSE 'cancelled' END
             WHEN 1 THEN 'dispatched' WHEN 2 THEN 'started'
@@ -382,16 +496,14 @@ def _insert_events(d: Dialect, first_id: int) -> int:
              WHEN p.phase = 1 THEN 'selector' ELSE 'worker' END,
         CASE WHEN p.phase = 3 AND p.k < i.attempts THEN {_error_case("i.id + p.k")}
              WHEN p.phase = 3 THEN i.last_error ELSE '' END
-    FROM {items} i JOIN ({_phases()}) p ON
+    FROM {generated} AS i JOIN ({_phases()}) AS p ON
         (p.phase = 0 AND p.k = 0)
         OR (p.phase = 0 AND p.k = 1 AND i.status = 'cancelled')
         OR (p.phase = 1 AND p.k <= i.attempts)
         OR (p.phase = 2 AND (p.k < i.attempts OR (p.k = i.attempts AND i.status <> 'dispatched')))
         OR (p.phase = 3 AND (p.k < i.attempts
                              OR (p.k = i.attempts AND i.status IN ('complete', 'retry', 'failed'))))
-    WHERE i.id > {int(first_id)}
     """
-    return _execute(sql)
 
 
 def _phases() -> str:
@@ -411,8 +523,8 @@ def _insert_dead_letters(first_id: int) -> int:
     return _execute(sql)
 
 
-def _add_counters(d: Dialect, first_id: int):
-    """Base counts for the seeded items, and outcome rollups for their last day of events."""
+def _add_counters(first_id: int):
+    """Base counts for the seeded items."""
     items, counts = Item._meta.db_table, StatusCount._meta.db_table
     _execute(f"""
         INSERT INTO {counts} (queue_id, status, count)
@@ -420,6 +532,10 @@ def _add_counters(d: Dialect, first_id: int):
         GROUP BY queue_id, status
         ON CONFLICT (queue_id, status) DO UPDATE SET count = {counts}.count + excluded.count
     """)
+
+
+def _add_outcome_minutes(d: Dialect, first_id: int):
+    """Outcome rollups for the last day of the seeded events."""
     minutes, events = OutcomeMinute._meta.db_table, ItemEvent._meta.db_table
     since = d.now_plus(f"-{int(timedelta(days=1).total_seconds())}")
     _execute(f"""

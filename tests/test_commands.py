@@ -18,6 +18,7 @@ def run(*args):
     return out.getvalue()
 
 
+@pytest.mark.django_db(transaction=True)
 def test_demo_creates_five_queues_items_in_every_status_and_an_admin(tmp_path, monkeypatch):
     from queues.management.commands import demo
 
@@ -35,6 +36,7 @@ def test_demo_creates_five_queues_items_in_every_status_and_an_admin(tmp_path, m
     assert counters.status_counts(ids) == counters.exact_counts(ids)
 
 
+@pytest.mark.django_db(transaction=True)
 def test_demo_run_twice_keeps_data_and_credentials(tmp_path, monkeypatch):
     from queues.management.commands import demo
 
@@ -83,6 +85,7 @@ def test_bench_enqueue_reports_throughput_and_writes_json(tmp_path, monkeypatch)
     assert Item.objects.count() == 300
 
 
+@pytest.mark.django_db(transaction=True)
 def test_bench_seed_reports_each_step(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
     out = run("bench", "seed", "--items", "2000", "--accounts", "30", "--queues", "2")

@@ -15,7 +15,9 @@ from queues.models import (
 )
 from tests.factories import QueueFactory
 
-pytestmark = pytest.mark.django_db
+# On PostgreSQL the seeder loads events on a second connection, which commits on its own and
+# cannot see rows of an open test transaction: these tests commit for real.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ class Command(BaseCommand):
             result = seeding.seed(items=items, accounts=accounts, queues=queues,
                                   account_prefix="tenant")
             counters.rollup()
-            self.stdout.write(f"Seeded in {result.total_seconds:.1f} s.")
+            self.stdout.write(f"Seeded in {result.wall_seconds:.1f} s.")
         username, password = self._admin()
         self.stdout.write(self.style.SUCCESS(
             f"Admin login: {username} / {password}  (also in {CREDENTIALS_FILE})"))
