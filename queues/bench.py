@@ -5,6 +5,7 @@ var/bench/ so docs/benchmarks.md can quote the latest figures.
 """
 
 import json
+import math
 import platform
 import statistics
 import time
@@ -13,10 +14,11 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import Count
 from django.utils import timezone
 
-from queues import lifecycle, seeding
-from queues.models import Queue
+from queues import counters, fairness, lifecycle, seeding, selector
+from queues.models import READY_STATUSES, Item, Queue
 
 RESULTS_DIR = settings.BASE_DIR / "var" / "bench"
 
@@ -98,3 +100,165 @@ def run_enqueue(*, items: int, batch: int, accounts: int) -> Report:
     report.add("batch latency p95", percentile(latencies, 0.95) * 1000, "ms")
     report.add("total time", elapsed, "s")
     return report
+
+
+# --- selector ----------------------------------------------------------------------------------
+
+SELECTOR_DATASETS = {
+    # name: (items, accounts)
+    "1m-items-10k-accounts": (1_000_000, 10_000),
+    "100k-items-40-accounts": (100_000, 40),
+    "10k-items-1k-accounts": (10_000, 1_000),
+}
+
+
+def run_selector(*, datasets: list[str], rounds: int, fairness_rounds: int,
+                 log=print) -> Report:
+    """Round latency on real data, and fairness of plan_batch against the seed's algorithm."""
+    report = Report("selector", {"datasets": ",".join(datasets), "rounds": rounds,
+                                 "fairness_rounds": fairness_rounds})
+    for name in datasets:
+        items, accounts = SELECTOR_DATASETS[name]
+        queue = bench_queue(f"bench-sel-{name}", batch_size=60, concurrency=10_000_000,
+                            rate_limit_per_minute=None, paused=False)
+        if not Item.objects.filter(queue=queue).exists():
+            log(f"seeding {name} ...")
+            seeding.seed(items=items, accounts=accounts, queues=[queue])
+        latencies = _time_rounds(queue, rounds)
+        report.add(f"{name}: round p50", percentile(latencies, 0.5), "ms")
+        report.add(f"{name}: round p95", percentile(latencies, 0.95), "ms")
+        ready = _ready_per_account(queue)
+        for label, plan in (("ours", fairness.plan_batch), ("seed", seed_plan_batch)):
+            figures = simulate_fairness(plan, ready, queue.batch_size, fairness_rounds)
+            for figure, (value, unit) in figures.items():
+                report.add(f"{name}: {label} {figure}", value, unit)
+    return report
+
+
+def _time_rounds(queue: Queue, rounds: int) -> list[float]:
+    """Milliseconds per selector round (demand, plan, claim, dispatch, cursor, task row). Each
+    round's items are put back to ready afterwards, untimed, so every round sees the same
+    backlog; the bench's worker tasks are deleted at the end."""
+    from django_q.models import OrmQ
+
+    first_task = OrmQ.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    latencies = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        result = selector.run_round(queue)
+        latencies.append((time.perf_counter() - started) * 1000)
+        lifecycle.apply("cancel", result.item_ids, actor="bench")
+        lifecycle.apply("requeue", result.item_ids, actor="bench")
+        counters.rollup()  # the sweeper's job in production
+    OrmQ.objects.filter(id__gt=first_task).delete()
+    return latencies
+
+
+def _ready_per_account(queue: Queue) -> dict[str, int]:
+    # Bench set-up only: one aggregate over the ready set to feed the pure simulation.
+    return dict(
+        Item.objects.filter(queue=queue, status__in=READY_STATUSES)
+        .values("account").annotate(n=Count("id")).values_list("account", "n")
+    )
+
+
+class SeedHang(Exception):
+    pass
+
+
+def seed_plan_batch(demand, batch_size, cursor):
+    """The seed's allocation, ported faithfully (instasite build service), with its loop
+    stopped where the original spins forever."""
+    users = [[a, n] for a, n in sorted(demand.items()) if n > 0 and (cursor is None or a > cursor)]
+    total = sum(n for _, n in users)
+    taken: dict[str, int] = {}
+    if not total:
+        return taken, cursor  # the original keeps its cursor: accounts before it wait forever
+    if total <= batch_size:
+        return {a: n for a, n in users}, None
+    if len(users) < batch_size:
+        count = 0
+        while count != batch_size and users:
+            share = (batch_size - count) // len(users)
+            if share == 0:
+                raise SeedHang(f"{len(users)} accounts left and {batch_size - count} slots")
+            for user in list(users):
+                grant = min(user[1], share)
+                taken[user[0]] = taken.get(user[0], 0) + grant
+                count += grant
+                user[1] -= grant
+                if user[1] == 0:
+                    users.remove(user)
+        return taken, None
+    return {a: 1 for a, _ in users[:batch_size]}, users[batch_size - 1][0]
+
+
+def simulate_fairness(plan, ready: dict[str, int], batch_size: int, rounds: int) -> dict:
+    """Rounds of `plan` over a backlog that is only drained by service. Reports Jain's index of
+    the service that accounts still backlogged at the end got per sliding window of
+    ceil(accounts / batch) rounds (worst window), the worst wait in rounds, and how full
+    batches are."""
+    backlog = dict(ready)
+    window = math.ceil(len(backlog) / batch_size)
+    history: list[dict[str, int]] = []
+    fills: list[float] = []
+    last_served = dict.fromkeys(backlog, -1)
+    worst_wait = 0
+    cursor = None
+    hang = None
+    for round_number in range(rounds):
+        demand = {a: min(n, batch_size) for a, n in backlog.items() if n > 0}
+        if not demand:
+            break
+        try:
+            taken, cursor = plan(demand, batch_size, cursor)
+        except SeedHang:
+            hang = {"hangs at round": (round_number, "round (its loop never ends)")}
+            break
+        fills.append(sum(taken.values()) / min(batch_size, sum(demand.values())))
+        for account in demand:
+            if account in taken:
+                last_served[account] = round_number
+            else:
+                worst_wait = max(worst_wait, round_number - last_served[account])
+        for account, n in taken.items():
+            backlog[account] -= n
+        history.append(taken)
+    figures = dict(hang or {})
+    jain = _worst_jain(history, backlog, window)
+    if jain is not None:
+        figures["Jain index (worst window)"] = (jain, "index")
+    if history:
+        figures["worst wait"] = (worst_wait, f"rounds (bound {window})")
+        figures["batch fill (min)"] = (min(fills), "ratio")
+    return figures
+
+
+def _worst_jain(history: list[dict[str, int]], backlog: dict[str, int],
+                window: int) -> float | None:
+    """Slides the window one round at a time, updating the sums incrementally: O(batch) per
+    step instead of O(accounts * window). None when no whole window was played."""
+    backlogged = {a for a, n in backlog.items() if n > 0}
+    if not backlogged or len(history) < window:
+        return None
+    counts = dict.fromkeys(backlogged, 0)
+    total = squares = 0
+
+    def add(taken: dict[str, int], sign: int):
+        nonlocal total, squares
+        for account, n in taken.items():
+            if account in counts:
+                before = counts[account]
+                counts[account] = before + sign * n
+                total += sign * n
+                squares += counts[account] ** 2 - before ** 2
+
+    worst = None
+    for index, taken in enumerate(history):
+        add(taken, +1)
+        if index >= window:
+            add(history[index - window], -1)
+        if index >= window - 1 and total:
+            jain = total * total / (len(counts) * squares)
+            worst = jain if worst is None else min(worst, jain)
+    return worst

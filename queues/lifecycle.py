@@ -351,7 +351,7 @@ def apply(
     values = values or {}
     if transition_.event == "lost" and not reason:
         reason = WORKER_LOST  # the item, its attempt and dead letter all say why
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         if action == "requeue":
             # Over the whole request, not per chunk: a shared identifier may span two chunks.
             ids = _drop_requeue_duplicates(ids, result)
@@ -452,7 +452,9 @@ def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
         "RETURNING id, queue_id, account, identifier, previous_status, attempts, started_at"
     )
     try:
-        with transaction.atomic(), connection.cursor() as cursor:
+        # Only a requeue recovers from an error here, so only it pays for a savepoint.
+        with (transaction.atomic(savepoint=transition_.name == "requeue"),
+              connection.cursor() as cursor):
             cursor.execute(sql, params)
             rows = cursor.fetchall()
     except IntegrityError:
@@ -609,7 +611,7 @@ def _settle(queue: Queue, outcomes: list[Outcome], *, lost: bool, worker: str,
             data["run_at"] = now + timedelta(seconds=delay)
             groups["retry"][outcome.item_id] = data
     results = {}
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         for kind, items in groups.items():
             if not items:
                 continue

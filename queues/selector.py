@@ -73,8 +73,17 @@ def run_round(queue: Queue) -> Round:
         policies = list(AccountPolicy.objects.filter(queue=queue))
         excluded, caps, weights = _apply_policies(queue, policies)
         accounts = _next_accounts(queue, now, state.cursor, result.capacity, excluded)
-        demand = _demand(queue, now, accounts, result.capacity, caps)
+        if len(accounts) >= result.capacity and not weights:
+            # More accounts than slots at equal weight: each takes exactly one item, and the
+            # loose scan already proved each has one due.
+            demand = dict.fromkeys(accounts, 1)
+        else:
+            demand = _demand(queue, now, accounts, result.capacity, caps)
         plan, cursor = plan_batch(demand, result.capacity, state.cursor or None, weights)
+        if plan and sum(plan.values()) == sum(demand.values()):
+            # All the demand we read was met, but it may be only the next accounts of a longer
+            # ring: carry on after the last one served (accounts are in ring order).
+            cursor = [account for account in accounts if plan.get(account)][-1]
         if plan:
             result.item_ids = _claim(queue, now, plan)
             dispatched = lifecycle.apply("dispatch", result.item_ids, actor="selector")
@@ -130,7 +139,12 @@ def _try_lock(queue: Queue) -> bool:
     if not is_postgres():
         return True
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, queue.pk])
+        # A round lost in a crash loses its items' dispatch and their worker task together (same
+        # transaction): they are simply ready again. So the round need not wait for its commit
+        # to reach the disk.
+        cursor.execute(
+            "SELECT pg_try_advisory_xact_lock(%s, %s), "
+            "set_config('synchronous_commit', 'off', true)", [LOCK_NAMESPACE, queue.pk])
         return cursor.fetchone()[0]
 
 
@@ -205,16 +219,23 @@ def _demand(queue: Queue, now: datetime, accounts: list[str], batch_size: int,
     if not accounts:
         return {}
     table = Item._meta.db_table
-    parts, params = [], []
-    for account in accounts:
-        parts.append(
-            f"SELECT %s, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE queue_id = %s "
-            f"AND account = %s AND {READY_SQL} AND run_at <= %s LIMIT %s) AS due)"
-        )
-        params += [account, queue.pk, account, to_db_datetime(now),
-                   min(batch_size, caps.get(account, batch_size))]
+    due = f"queue_id = %s AND {READY_SQL} AND run_at <= %s"
+    limits = [(account, min(batch_size, caps.get(account, batch_size))) for account in accounts]
+    if is_postgres():
+        # One statement planned once, whatever the number of accounts.
+        values = ", ".join(["(%s, %s)"] * len(limits))
+        sql = (f"SELECT p.account, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {due} "
+               f"AND account = p.account LIMIT p.n) AS d) FROM (VALUES {values}) AS p(account, n)")
+        params = [queue.pk, to_db_datetime(now), *(v for pair in limits for v in pair)]
+    else:
+        parts, params = [], []
+        for account, limit in limits:
+            parts.append(f"SELECT %s, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {due} "
+                         f"AND account = %s LIMIT %s) AS d)")
+            params += [account, queue.pk, to_db_datetime(now), account, limit]
+        sql = " UNION ALL ".join(parts)
     with connection.cursor() as cursor:
-        cursor.execute(" UNION ALL ".join(parts), params)
+        cursor.execute(sql, params)
         return {account: count for account, count in cursor.fetchall() if count}
 
 

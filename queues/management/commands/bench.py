@@ -4,7 +4,7 @@ from queues import bench
 
 
 class Command(BaseCommand):
-    help = "Measure QueueAdmin at scale. Scenarios: seed, enqueue."
+    help = "Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector."
 
     def add_arguments(self, parser):
         scenarios = parser.add_subparsers(dest="scenario", required=True)
@@ -16,11 +16,22 @@ class Command(BaseCommand):
         enqueue.add_argument("--items", type=int, default=100_000)
         enqueue.add_argument("--batch", type=int, default=1000)
         enqueue.add_argument("--accounts", type=int, default=1000)
+        select = scenarios.add_parser(
+            "selector", help="Round latency and fairness (against the seed's algorithm).")
+        select.add_argument("--dataset", action="append", choices=list(bench.SELECTOR_DATASETS),
+                            help="repeat to pick several (default: all)")
+        select.add_argument("--rounds", type=int, default=200)
+        select.add_argument("--fairness-rounds", type=int, default=500)
 
     def handle(self, *args, scenario, **options):
-        if options["items"] < 1:
+        if scenario == "selector":
+            report = bench.run_selector(
+                datasets=options["dataset"] or list(bench.SELECTOR_DATASETS),
+                rounds=options["rounds"], fairness_rounds=options["fairness_rounds"],
+                log=self.stdout.write)
+        elif options["items"] < 1:
             raise CommandError("--items must be at least 1")
-        if scenario == "seed":
+        elif scenario == "seed":
             report = bench.run_seed(items=options["items"], accounts=options["accounts"],
                                     queues=options["queues"], log=self.stdout.write)
         else:
