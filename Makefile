@@ -29,6 +29,8 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 
+# Benchmarks belong on PostgreSQL: DATABASE_URL=postgres://... make bench
 bench: install
-	$(BIN)/python manage.py bench seed
-	$(BIN)/python manage.py bench enqueue
+	DEBUG=false $(BIN)/python manage.py bench seed
+	DEBUG=false $(BIN)/python manage.py bench enqueue
+	DEBUG=false $(BIN)/python manage.py bench selector

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from queues import bench
@@ -24,6 +25,9 @@ class Command(BaseCommand):
         select.add_argument("--fairness-rounds", type=int, default=500)
 
     def handle(self, *args, scenario, **options):
+        if settings.DEBUG:
+            # DEBUG records every query in memory and formats its SQL: figures would be wrong.
+            self.stderr.write("warning: DEBUG is on; run benchmarks with DEBUG=false")
         if scenario == "selector":
             report = bench.run_selector(
                 datasets=options["dataset"] or list(bench.SELECTOR_DATASETS),
