@@ -110,3 +110,18 @@ def exact_counts(queue_ids: Iterable[int]) -> dict[int, dict[str, int]]:
     for row in rows:
         counts[row["queue_id"]][row["status"]] = row["n"]
     return counts
+
+
+def in_flight(queue_id: int) -> int:
+    """Dispatched plus running items of one queue, in one short statement: the selector asks
+    this every round."""
+    statuses = ", ".join(f"'{s}'" for s in (Status.DISPATCHED, Status.RUNNING))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT (SELECT COALESCE(SUM(count), 0) FROM {StatusCount._meta.db_table} "
+            f"WHERE queue_id = %s AND status IN ({statuses})) + "
+            f"(SELECT COALESCE(SUM(delta), 0) FROM {CounterDelta._meta.db_table} "
+            f"WHERE queue_id = %s AND status IN ({statuses}))",
+            [queue_id, queue_id],
+        )
+        return int(cursor.fetchone()[0])

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from queues import counters, lifecycle
-from queues.db import is_postgres, placeholders, to_db_datetime
+from queues.db import insert_rows, is_postgres, placeholders, to_db_datetime
 from queues.fairness import plan_batch
 from queues.models import (
     IN_FLIGHT_STATUSES,
@@ -31,6 +31,8 @@ from queues.models import (
 log = logging.getLogger(__name__)
 LOCK_NAMESPACE = 7_466_001  # first key of the advisory lock; the queue id is the second
 READY_SQL = "status IN ('queued', 'retry')"  # the ready-set partial index's predicate
+ROUND_COLUMNS = ("queue_id", "started_at", "duration_ms", "taken", "accounts", "allocation",
+                 "cursor")
 
 
 @dataclass
@@ -61,7 +63,7 @@ def run_round(queue: Queue) -> Round:
         # Timed from holding the lock to just before commit, so recorded rounds of one queue
         # never overlap.
         started, now = time.perf_counter(), timezone.now()
-        queue.refresh_from_db()
+        previous_cursor = _refresh_settings(queue)
         if queue.paused:
             result.skipped = "paused"
             return result
@@ -69,17 +71,11 @@ def run_round(queue: Queue) -> Round:
         if result.capacity <= 0:
             result.skipped = "full"
             return result
-        state, _ = SelectorState.objects.get_or_create(queue=queue)
         policies = list(AccountPolicy.objects.filter(queue=queue))
         excluded, caps, weights = _apply_policies(queue, policies)
-        accounts = _next_accounts(queue, now, state.cursor, result.capacity, excluded)
-        if len(accounts) >= result.capacity and not weights:
-            # More accounts than slots at equal weight: each takes exactly one item, and the
-            # loose scan already proved each has one due.
-            demand = dict.fromkeys(accounts, 1)
-        else:
-            demand = _demand(queue, now, accounts, result.capacity, caps)
-        plan, cursor = plan_batch(demand, result.capacity, state.cursor or None, weights)
+        accounts = _next_accounts(queue, now, previous_cursor, result.capacity, excluded)
+        demand, plan, cursor = _plan(queue, now, accounts, result.capacity, previous_cursor,
+                                     caps, weights)
         if plan and sum(plan.values()) == sum(demand.values()):
             # All the demand we read was met, but it may be only the next accounts of a longer
             # ring: carry on after the last one served (accounts are in ring order).
@@ -95,14 +91,8 @@ def run_round(queue: Queue) -> Round:
                     [[row.id, row.attempts] for row in dispatched.changed],
                     task_name=f"{queue.key} batch of {len(dispatched.changed)}",
                 )
-        state.cursor = cursor or ""
-        state.last_round_at = now
-        state.save()
         result.duration_ms = (time.perf_counter() - started) * 1000
-        SelectorRound.objects.create(
-            queue=queue, started_at=now, duration_ms=result.duration_ms, taken=result.total,
-            accounts=len(result.taken), allocation=result.taken, cursor=state.cursor,
-        )
+        _record_round(queue, now, cursor or "", result)
     if not result.taken:
         result.skipped = "nothing ready"
     return result
@@ -133,6 +123,36 @@ def tick(seconds: float = 50.0) -> dict[str, int]:
     return taken
 
 
+def _refresh_settings(queue: Queue) -> str:
+    """Re-read what an admin may have changed since the queue was loaded (pause, sizes), with
+    the cursor, in one statement. Returns the cursor."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT q.paused, q.batch_size, q.concurrency, q.rate_limit_per_minute, s.cursor "
+            f"FROM {Queue._meta.db_table} q LEFT JOIN {SelectorState._meta.db_table} s "
+            f"ON s.queue_id = q.id WHERE q.id = %s", [queue.pk])
+        (queue.paused, queue.batch_size, queue.concurrency, queue.rate_limit_per_minute,
+         previous_cursor) = cursor.fetchone()
+    return previous_cursor or ""
+
+
+def _record_round(queue: Queue, now: datetime, cursor: str, result: Round):
+    """Saves the cursor and the round record (for the fairness view and the rate limit)."""
+    state_table = SelectorState._meta.db_table
+    with connection.cursor() as db:
+        db.execute(
+            f"INSERT INTO {state_table} (queue_id, cursor, last_round_at) VALUES (%s, %s, %s) "
+            f"ON CONFLICT (queue_id) DO UPDATE SET cursor = excluded.cursor, "
+            f"last_round_at = excluded.last_round_at",
+            [queue.pk, cursor, to_db_datetime(now)])
+    allocation = SelectorRound._meta.get_field("allocation").get_db_prep_save(
+        result.taken, connection)
+    insert_rows(SelectorRound, ROUND_COLUMNS, [
+        (queue.pk, to_db_datetime(now), result.duration_ms, result.total, len(result.taken),
+         allocation, cursor)
+    ])
+
+
 def _try_lock(queue: Queue) -> bool:
     """One round per queue at a time across processes and machines. On SQLite the IMMEDIATE
     transaction already holds the database's single write lock."""
@@ -149,9 +169,7 @@ def _try_lock(queue: Queue) -> bool:
 
 
 def _capacity(queue: Queue, now: datetime) -> int:
-    counts = counters.status_counts([queue.pk])[queue.pk]
-    in_flight = sum(counts[status] for status in IN_FLIGHT_STATUSES)
-    capacity = min(queue.batch_size, queue.concurrency - in_flight)
+    capacity = min(queue.batch_size, queue.concurrency - counters.in_flight(queue.pk))
     if queue.rate_limit_per_minute is not None:
         recent = SelectorRound.objects.filter(
             queue=queue, started_at__gt=now - timedelta(minutes=1)
@@ -213,23 +231,45 @@ def _accounts_after(queue: Queue, now: datetime, after: str, limit: int,
         return [row[0] for row in cursor.fetchall()]
 
 
-def _demand(queue: Queue, now: datetime, accounts: list[str], batch_size: int,
-            caps: dict[str, int]) -> dict[str, int]:
-    """Due ready items per account, each counted only up to what this round could take."""
-    if not accounts:
+def _plan(queue: Queue, now: datetime, accounts: list[str], capacity: int, cursor: str,
+          caps: dict[str, int], weights: dict[str, int]):
+    """Counts each account's due items only as far as the plan can use them.
+
+    With more accounts than slots at equal weight each takes one item, which the loose scan
+    already proved is there. Otherwise a first count stops at a fair share plus one; only if an
+    account used all of that (the others lacking work) is it counted again up to the batch.
+    """
+    if len(accounts) >= capacity and not weights:
+        demand = dict.fromkeys(accounts, 1)
+        return demand, *plan_batch(demand, capacity, cursor or None)
+    total_weight = sum(weights.get(a, 1) for a in accounts) or 1
+    limits = {a: min(capacity, caps.get(a, capacity),
+                     -(-capacity * weights.get(a, 1) // total_weight) + 1) for a in accounts}
+    demand = _demand(queue, now, limits)
+    plan, next_cursor = plan_batch(demand, capacity, cursor or None, weights)
+    short = [a for a, n in demand.items() if n == limits[a] and plan.get(a) == n]
+    if short:
+        limits = {a: min(capacity, caps.get(a, capacity)) for a in accounts}
+        demand = _demand(queue, now, limits)
+        plan, next_cursor = plan_batch(demand, capacity, cursor or None, weights)
+    return demand, plan, next_cursor
+
+
+def _demand(queue: Queue, now: datetime, limits: dict[str, int]) -> dict[str, int]:
+    """Due ready items per account, each counted only up to its limit."""
+    if not limits:
         return {}
     table = Item._meta.db_table
     due = f"queue_id = %s AND {READY_SQL} AND run_at <= %s"
-    limits = [(account, min(batch_size, caps.get(account, batch_size))) for account in accounts]
     if is_postgres():
         # One statement planned once, whatever the number of accounts.
         values = ", ".join(["(%s, %s)"] * len(limits))
         sql = (f"SELECT p.account, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {due} "
                f"AND account = p.account LIMIT p.n) AS d) FROM (VALUES {values}) AS p(account, n)")
-        params = [queue.pk, to_db_datetime(now), *(v for pair in limits for v in pair)]
+        params = [queue.pk, to_db_datetime(now), *(v for pair in limits.items() for v in pair)]
     else:
         parts, params = [], []
-        for account, limit in limits:
+        for account, limit in limits.items():
             parts.append(f"SELECT %s, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {due} "
                          f"AND account = %s LIMIT %s) AS d)")
             params += [account, queue.pk, to_db_datetime(now), account, limit]

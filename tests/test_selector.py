@@ -218,3 +218,30 @@ def test_two_selectors_running_concurrently_never_select_the_same_item():
         "started_at", "duration_ms"))
     for (start, duration), (next_start, _) in zip(rounds, rounds[1:], strict=False):
         assert start + timedelta(milliseconds=duration) <= next_start
+
+
+@pytest.mark.parametrize(
+    ("cursor", "limit", "excluded", "expected"),
+    [
+        ("", 10, set(), ["a", "b", "c", "d", "e"]),
+        ("c", 10, set(), ["d", "e", "a", "b", "c"]),
+        ("c", 3, set(), ["d", "e", "a"]),
+        ("e", 10, set(), ["a", "b", "c", "d", "e"]),
+        ("zz", 10, set(), ["a", "b", "c", "d", "e"]),
+        ("bb", 10, {"a", "d"}, ["c", "e", "b"]),
+    ],
+)
+def test_the_account_scan_walks_the_ring_after_the_cursor(cursor, limit, excluded, expected):
+    queue = QueueFactory()
+    for account in "abcde":
+        put(queue, account, 2)
+    put(queue, "f", 1, run_at=timezone.now() + timedelta(hours=1))  # nothing due
+    found = selector._next_accounts(queue, timezone.now(), cursor, limit, excluded)
+    assert found == expected
+
+
+def test_an_account_takes_the_slots_that_others_leave():
+    queue = QueueFactory(batch_size=10)
+    put(queue, "big", 100)
+    put(queue, "small", 1)
+    assert selector.run_round(queue).taken == {"big": 9, "small": 1}
