@@ -303,6 +303,23 @@ class SelectorRound(models.Model):
         return f"round of queue {self.queue_id} at {self.started_at:%H:%M:%S}: {self.taken}"
 
 
+class SweepRun(models.Model):
+    """One sweeper run and what it changed, empty runs included: the dashboard's liveness
+    signal for the sweeper."""
+
+    id = models.BigAutoField(primary_key=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    counts = models.JSONField(default=dict)  # {action: rows}
+
+    class Meta:
+        # Dashboard and health check: the latest runs.
+        indexes = [models.Index(fields=["started_at"], name="sweeprun_started_idx")]
+
+    def __str__(self):
+        return f"sweep at {self.started_at:%Y-%m-%d %H:%M:%S}: {self.counts}"
+
+
 class CounterDelta(models.Model):
     """Change to a (queue, status) count, inserted in the transition's own transaction.
 

@@ -6,6 +6,7 @@ SCHEDULES = [
     # django-q2's finest schedule is one minute; the task itself runs rounds for ~50 s while they
     # fill their batch, so throughput is not capped at one batch per tick.
     {"name": "queueadmin: selector", "func": "queues.selector.tick", "minutes": 1},
+    {"name": "queueadmin: sweeper", "func": "queues.sweeper.run", "minutes": 5},
 ]
 
 

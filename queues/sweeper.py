@@ -1,0 +1,153 @@
+"""The sweeper: rescues items whose worker vanished, prunes what is past retention, folds the
+counter deltas, and records every run (empty ones too) as its liveness signal.
+
+Each step handles one bounded batch in one short transaction and says whether to go on at
+once; `run` repeats steps for a while. Steps are safe to repeat and to race: rescue goes through
+the lifecycle (fenced by attempt number) and pruning deletes by id.
+"""
+
+import logging
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from queues import counters, lifecycle
+from queues.db import is_postgres, placeholders, to_db_datetime
+from queues.models import (
+    FINISHED_STATUSES,
+    Attempt,
+    DeadLetter,
+    Item,
+    ItemEvent,
+    OutcomeMinute,
+    Queue,
+    SelectorRound,
+    Status,
+    SweepRun,
+)
+
+log = logging.getLogger(__name__)
+BATCH = 2000  # rows per transaction: short enough never to hold locks for long
+LOCK_KEY = 7_466_002
+ROUND_RETENTION = timedelta(days=1)
+ROLLUP_RETENTION = timedelta(days=7)
+RUN_RETENTION = timedelta(days=30)
+
+
+def run(seconds: float = 240.0) -> dict[str, int] | None:
+    """The scheduled task: steps until nothing is left or time is up; records the run.
+    Returns what changed, or None when another sweeper is running."""
+    started = timezone.now()
+    totals: Counter = Counter()
+    deadline = time.monotonic() + seconds
+    with _single_runner() as alone:
+        if not alone:
+            return None
+        while True:
+            changed, more = step()
+            totals.update(changed)
+            if not more or time.monotonic() > deadline:
+                break
+        totals["counter deltas folded"] += counters.rollup()
+    counts = {action: n for action, n in totals.items() if n}
+    SweepRun.objects.create(started_at=started, finished_at=timezone.now(), counts=counts)
+    if counts:
+        log.info("sweeper changed %s", counts)
+    return counts
+
+
+def step(now: datetime | None = None) -> tuple[Counter, bool]:
+    """One batch of each action for each queue; returns (what changed, go on at once?)."""
+    now = now or timezone.now()
+    changed: Counter = Counter()
+    more = False
+    for queue in Queue.objects.all():
+        for status, timeout in ((Status.DISPATCHED, queue.dispatch_timeout),
+                                (Status.RUNNING, queue.stale_threshold)):
+            rescued, full = _rescue(queue, status, now - timeout)
+            changed.update(rescued)
+            more |= full
+        pruned, full = _prune_items(queue, now - timedelta(days=queue.retention_days))
+        changed.update(pruned)
+        more |= full
+    for model, field, age in ((SelectorRound, "started_at", ROUND_RETENTION),
+                              (OutcomeMinute, "minute", ROLLUP_RETENTION),
+                              (SweepRun, "started_at", RUN_RETENTION)):
+        deleted, full = _prune_old(model, field, now - age)
+        changed[f"{model._meta.verbose_name_plural} pruned"] += deleted
+        more |= full
+    return changed, more
+
+
+def _rescue(queue: Queue, status: str, older_than: datetime) -> tuple[Counter, bool]:
+    """Items stuck dispatched or running: their attempt counts, then retry or dead letter."""
+    stuck = dict(
+        Item.objects.filter(queue=queue, status=status, updated_at__lt=older_than)
+        .order_by("updated_at").values_list("id", "attempts")[:BATCH]
+    )
+    changed: Counter = Counter()
+    if stuck:
+        with transaction.atomic():
+            results = lifecycle.rescue_lost(queue, stuck)
+        for kind, result in results.items():
+            changed[f"{status} items lost, {'retried' if kind == 'retry' else 'failed'}"] += len(
+                result.changed)
+    return changed, len(stuck) == BATCH
+
+
+def _prune_items(queue: Queue, finished_before: datetime) -> tuple[Counter, bool]:
+    """Finished items past the queue's retention, with their attempts, events and dead
+    letters; the counters lose them in the same transaction."""
+    ids = list(
+        Item.objects.filter(queue=queue, status__in=FINISHED_STATUSES,
+                            finished_at__lt=finished_before)
+        .order_by("finished_at").values_list("id", flat=True)[:BATCH]
+    )
+    changed: Counter = Counter()
+    if not ids:
+        return changed, False
+    marks = placeholders(len(ids))
+    with transaction.atomic(), connection.cursor() as cursor:
+        for model in (Attempt, DeadLetter, ItemEvent):
+            cursor.execute(f"DELETE FROM {model._meta.db_table} WHERE item_id IN ({marks})", ids)
+            changed[f"{model._meta.verbose_name_plural} pruned"] += cursor.rowcount
+        cursor.execute(
+            f"DELETE FROM {Item._meta.db_table} WHERE id IN ({marks}) "
+            f"AND status IN ({placeholders(len(FINISHED_STATUSES))}) RETURNING status",
+            [*ids, *FINISHED_STATUSES],
+        )
+        gone = Counter(status for (status,) in cursor.fetchall())
+        counters.record({(queue.pk, status): -n for status, n in gone.items()}, timezone.now())
+    changed["items pruned"] += sum(gone.values())
+    return changed, len(ids) == BATCH
+
+
+def _prune_old(model, field: str, before: datetime) -> tuple[int, bool]:
+    table = model._meta.db_table
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE {field} < %s "
+            f"LIMIT %s)", [to_db_datetime(before), BATCH])
+        return cursor.rowcount, cursor.rowcount == BATCH
+
+
+class _single_runner:
+    """One sweeper at a time across machines: a session advisory lock on PostgreSQL (each
+    step commits on its own); on SQLite every step's write transaction is serialised anyway."""
+
+    def __enter__(self) -> bool:
+        self.held = False
+        if not is_postgres():
+            return True
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY])
+            self.held = cursor.fetchone()[0]
+        return self.held
+
+    def __exit__(self, *exc):
+        if self.held:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])

@@ -1,0 +1,162 @@
+"""queues.sweeper: rescue of lost items, retention, counters, and a record of every run."""
+
+import logging
+import threading
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from queues import counters, enqueue_many, lifecycle, selector, sweeper
+from queues.models import (
+    Attempt,
+    DeadLetter,
+    Item,
+    ItemEvent,
+    SelectorRound,
+    Status,
+    SweepRun,
+)
+from queues.worker import run_batch
+from tests.factories import QueueFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def dispatched(queue, n=1, prefix="item"):
+    enqueue_many(queue.key, [{"account": "acme", "identifier": f"{prefix}-{i}"}
+                             for i in range(n)])
+    return selector.run_round(queue).item_ids
+
+
+def age(ids, **delta):
+    Item.objects.filter(pk__in=ids).update(updated_at=timezone.now() - timedelta(**delta))
+
+
+def assert_counters_true(queue):
+    assert counters.status_counts([queue.pk]) == counters.exact_counts([queue.pk])
+
+
+def test_it_rescues_items_dispatched_past_the_dispatch_timeout():
+    queue = QueueFactory(dispatch_timeout=timedelta(minutes=5))
+    ids = dispatched(queue, 2)
+    age(ids, minutes=6)
+    counts = sweeper.run()
+    assert counts["dispatched items lost, retried"] == 2
+    for item in Item.objects.filter(pk__in=ids):
+        assert (item.status, item.last_error, item.attempts) == (Status.RETRY, "worker lost", 1)
+        assert item.run_at > timezone.now()
+    assert list(Attempt.objects.values_list("outcome", flat=True)) == ["lost", "lost"]
+    assert_counters_true(queue)
+
+
+def test_it_rescues_running_items_past_the_stale_threshold_only():
+    queue = QueueFactory(stale_threshold=timedelta(minutes=30))
+    ids = dispatched(queue, 2)
+    lifecycle.apply("start", ids, actor="worker")
+    age(ids[:1], minutes=31)
+    age(ids[1:], minutes=29)
+    counts = sweeper.run()
+    assert counts["running items lost, retried"] == 1
+    assert "dispatched items lost, retried" not in counts
+    assert Item.objects.get(pk=ids[0]).status == Status.RETRY
+    assert Item.objects.get(pk=ids[1]).status == Status.RUNNING
+
+
+def test_a_lost_item_with_no_retries_left_goes_to_the_dead_letters():
+    queue = QueueFactory(max_retries=0)
+    ids = dispatched(queue)
+    age(ids, hours=1)
+    sweeper.run()
+    item = Item.objects.get(pk=ids[0])
+    assert item.status == Status.FAILED
+    assert DeadLetter.objects.get(item=item).reason == "worker lost"
+
+
+def test_a_late_delivery_after_the_rescue_does_nothing():
+    queue = QueueFactory(handler="noop")
+    ids = dispatched(queue)
+    age(ids, hours=1)
+    sweeper.run()
+    assert run_batch(queue.pk, [[ids[0], 1]]) == {"stale": 1}
+    assert Item.objects.get(pk=ids[0]).status == Status.RETRY
+
+
+def test_it_prunes_finished_items_past_retention_with_their_history():
+    queue = QueueFactory(retention_days=60, handler="noop")
+    ids = dispatched(queue, 3)
+    run_batch(queue.pk, [[pk, 1] for pk in ids])
+    Item.objects.filter(pk__in=ids[:2]).update(finished_at=timezone.now() - timedelta(days=61))
+    counts = sweeper.run()
+    assert counts["items pruned"] == 2
+    assert list(Item.objects.values_list("pk", flat=True)) == ids[2:]
+    assert not ItemEvent.objects.filter(item_id__in=ids[:2]).exists()
+    assert not Attempt.objects.filter(item_id__in=ids[:2]).exists()
+    assert_counters_true(queue)
+
+
+def test_it_keeps_live_items_however_old():
+    queue = QueueFactory(retention_days=1)
+    enqueue_many(queue.key, [{"account": "acme", "identifier": "old"}])
+    Item.objects.update(created_at=timezone.now() - timedelta(days=90))
+    sweeper.run()
+    assert Item.objects.count() == 1
+
+
+def test_it_prunes_old_round_records():
+    queue = QueueFactory()
+    dispatched(queue)
+    SelectorRound.objects.update(started_at=timezone.now() - timedelta(days=2))
+    assert sweeper.run()["selector rounds pruned"] == 1
+
+
+def test_every_run_is_recorded_and_only_changes_are_logged(caplog):
+    QueueFactory()
+    with caplog.at_level(logging.INFO, logger="queues.sweeper"):
+        assert sweeper.run() == {}
+    run = SweepRun.objects.get()
+    assert run.counts == {} and run.finished_at >= run.started_at
+    assert "sweeper changed" not in caplog.text
+
+
+def test_a_step_says_whether_to_go_on_at_once(monkeypatch):
+    queue = QueueFactory()
+    ids = dispatched(queue, 3)
+    age(ids, hours=1)
+    monkeypatch.setattr(sweeper, "BATCH", 2)
+    changed, more = sweeper.step()
+    assert (changed["dispatched items lost, retried"], more) == (2, True)
+    changed, more = sweeper.step()
+    assert (changed["dispatched items lost, retried"], more) == (1, False)
+
+
+def test_sweep_command_prints_what_changed(capsys):
+    queue = QueueFactory()
+    age(dispatched(queue), hours=1)
+    call_command("sweep")
+    assert "dispatched items lost, retried: 1" in capsys.readouterr().out
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_second_sweeper_does_nothing_while_one_runs():
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with sweeper._single_runner() as alone:
+            assert alone
+            holding.set()
+            release.wait(10)
+        connection.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    holding.wait(10)
+    try:
+        assert sweeper.run() is None
+    finally:
+        release.set()
+        thread.join()
+    assert sweeper.run() == {}
