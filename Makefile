@@ -15,12 +15,13 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
-# Demo: SQLite database under var/, demo data, the ASGI web server on http://$(HOST):$(PORT)/.
+# Demo: SQLite database under var/, demo data, then (Procfile) the ASGI web server on
+# http://$(HOST):$(PORT)/, a django-q2 worker cluster and a producer of new items.
 demo: install
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py demo
 	$(BIN)/python manage.py collectstatic --noinput -v0
-	$(BIN)/uvicorn queueadmin.asgi:application --host $(HOST) --port $(PORT)
+	DEMO_HOST=$(HOST) DEMO_PORT=$(PORT) $(BIN)/honcho start
 
 # Tests on SQLite by default; set DATABASE_URL=postgres://... to run them on PostgreSQL.
 test: install

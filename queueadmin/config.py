@@ -36,6 +36,7 @@ class Config:
     process_role: str
     stale_threshold_seconds: int
     q_timeout_seconds: int
+    workers: int
 
     @property
     def is_production(self) -> bool:
@@ -176,6 +177,8 @@ def load(environ: os._Environ | dict | None = None) -> Config:
             f"({q_timeout}s) by more than 60s."
         )
 
+    workers = parse_int("QUEUEADMIN_WORKERS", environ.get("QUEUEADMIN_WORKERS", "4"), minimum=2)
+
     return Config(
         env=env,
         debug=debug,
@@ -185,4 +188,5 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         process_role=process_role,
         stale_threshold_seconds=stale,
         q_timeout_seconds=q_timeout,
+        workers=workers,
     )

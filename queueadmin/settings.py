@@ -112,7 +112,8 @@ X_FRAME_OPTIONS = "DENY"
 Q_CLUSTER = {
     "name": "queueadmin",
     "orm": "default",
-    "workers": 2,
+    # One worker runs the selector's minute-long tick; the others run batches.
+    "workers": CONFIG.workers,
     "timeout": CONFIG.q_timeout_seconds,
     "retry": CONFIG.q_timeout_seconds + 60,
     "max_attempts": 1,

@@ -134,7 +134,10 @@ def zipf_counts(total: int, accounts: int, rng: random.Random, exponent: float =
 
 
 def seed(*, items: int, accounts: int, queues: list[Queue], spread_days: int = 30,
-         account_prefix: str = "acct", seed_value: int = 7, log=None) -> SeedResult:
+         account_prefix: str = "acct", seed_value: int = 7, in_flight_age: int = 0,
+         log=None) -> SeedResult:
+    """`in_flight_age`: seconds since the seeded dispatched and running items last moved (the
+    demo makes them old enough for the sweeper to find their worker lost)."""
     if items < 1 or accounts < 1 or not queues:
         raise ValueError("need at least one item, one account and one queue")
     if items % SEED_PRIME == 0:
@@ -143,7 +146,8 @@ def seed(*, items: int, accounts: int, queues: list[Queue], spread_days: int = 3
     dialect = Dialect(now)
     result = SeedResult(items=items, accounts=accounts, queues=len(queues))
     plan = _Plan(dialect, items, queues, spread_days, f"s{int(time.time() * 1000):x}",
-                 zipf_accounts(items, accounts, account_prefix, random.Random(seed_value)))
+                 zipf_accounts(items, accounts, account_prefix, random.Random(seed_value)),
+                 in_flight_age)
 
     def step(name):
         return _Timer(result, name, log)
@@ -176,6 +180,7 @@ class _Plan:
     spread_days: int
     tag: str
     accounts: list[tuple[int, int, str]]
+    in_flight_age: int
     first_id: int = 0
 
 
@@ -386,6 +391,8 @@ def _generated_items_sql(plan: "_Plan") -> tuple[str, str]:
         bands.append(f"WHEN r < {upper} THEN '{status}'")
     queue_case = " ".join(f"WHEN {i} THEN {q.pk}" for i, q in enumerate(queues))
     created = d.now_plus(f"-{spread} + n * {spread} / {items}")
+    moved = d.now_plus(f"-({plan.in_flight_age} + v % 60)")  # in-flight items' last move
+    started = d.now_plus(f"-({plan.in_flight_age} + v % 50)")
     # Attempts are ten minutes apart (see _insert_attempts); the item finishes after the last.
     finish = "CASE WHEN attempts > 1 THEN (attempts - 1) * 600 ELSE 0 END + 5 + v % 60"
     # r picks the status, v varies the details; both are cheap integer hashes of n so that the
@@ -403,14 +410,14 @@ def _generated_items_sql(plan: "_Plan") -> tuple[str, str]:
              ELSE created END AS run_at,
         CASE WHEN status IN ('retry', 'failed') THEN {_error_case("v")} ELSE '' END AS last_error,
         created AS created_at,
-        CASE WHEN status IN ('dispatched', 'running') THEN {d.now_plus("-(v % 60)")}
+        CASE WHEN status IN ('dispatched', 'running') THEN {moved}
              WHEN status IN ('complete', 'failed', 'cancelled') THEN {d.plus("created", finish)}
              WHEN status = 'retry' THEN {d.plus("created", "4")}
              ELSE created END AS updated_at,
-        CASE WHEN status IN ('dispatched', 'running') THEN {d.now_plus("-(v % 60)")}
+        CASE WHEN status IN ('dispatched', 'running') THEN {moved}
              WHEN status IN ('queued', 'cancelled') THEN NULL
              ELSE {d.plus("created", "1")} END AS dispatched_at,
-        CASE WHEN status = 'running' THEN {d.now_plus("-(v % 50)")}
+        CASE WHEN status = 'running' THEN {started}
              WHEN status IN ('complete', 'retry', 'failed') THEN {d.plus("created", "2")}
              ELSE NULL END AS started_at,
         CASE WHEN status IN ('complete', 'failed', 'cancelled') THEN {d.plus("created", finish)}

@@ -8,6 +8,7 @@ row is written with the items' new status or not at all.
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -108,19 +109,23 @@ def run_rounds(queue: Queue, *, seconds: float) -> list[Round]:
     return rounds
 
 
-def tick(seconds: float = 50.0) -> dict[str, int]:
-    """The scheduled task: rounds for every queue that is not paused; returns items taken."""
-    taken = {}
+def tick(seconds: float = 50.0, idle_sleep: float = 1.0) -> dict[str, int]:
+    """The scheduled task (every minute): passes over every queue that is not paused until
+    `seconds` are up, the next pass at once while some round filled its batch, otherwise after
+    `idle_sleep`. Returns the items taken per queue."""
+    taken: Counter = Counter()
     deadline = time.monotonic() + seconds
-    for queue in Queue.objects.filter(paused=False):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        rounds = run_rounds(queue, seconds=left)
-        taken[queue.key] = sum(r.total for r in rounds)
+    while time.monotonic() < deadline:
+        go_on = False
+        for queue in Queue.objects.filter(paused=False):
+            result = run_round(queue)
+            taken[queue.key] += result.total
+            go_on |= result.filled
+        if not go_on:
+            time.sleep(min(idle_sleep, max(0.0, deadline - time.monotonic())))
     if any(taken.values()):
-        log.info("selector dispatched %s", taken)
-    return taken
+        log.info("selector dispatched %s", dict(taken))
+    return dict(taken)
 
 
 def _refresh_settings(queue: Queue) -> str:

@@ -4,6 +4,7 @@ from io import StringIO
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
+from django.db.models import Count
 
 from queues import bench, counters
 from queues.models import AccountPolicy, Item, Queue
@@ -99,3 +100,23 @@ def test_bench_seed_reports_each_step(tmp_path, monkeypatch):
 def test_bench_refuses_a_batch_over_the_enqueue_limit():
     with pytest.raises(CommandError, match="--batch"):
         run("bench", "enqueue", "--items", "10", "--batch", "5000")
+
+
+def test_the_producer_puts_a_seconds_worth_of_items_on_open_queues():
+    import random
+
+    from queues.management.commands.produce import Producer
+
+    queues = [QueueFactory(key="mail").key, QueueFactory(key="hooks").key]
+    producer = Producer(queues, rate=40, accounts=50, rng=random.Random(3))
+    made = sum(producer.step() for _ in range(5))
+    assert Item.objects.count() == made >= 100
+    assert set(Item.objects.values_list("queue__key", flat=True)) == {"mail", "hooks"}
+    per_account = sorted(
+        Item.objects.values("account").annotate(n=Count("id")).values_list("n", flat=True))
+    assert per_account[-1] > 3 * per_account[len(per_account) // 2]
+
+
+def test_produce_refuses_to_run_without_queues():
+    with pytest.raises(CommandError, match="run manage.py demo first"):
+        run("produce", "--seconds", "0")

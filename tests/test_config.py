@@ -73,6 +73,7 @@ def test_production_settings_load_when_complete():
         ({"QUEUEADMIN_PROCESS": "cron"}, "QUEUEADMIN_PROCESS='cron'"),
         ({"QUEUEADMIN_TASK_TIMEOUT": "ten"}, "is not an integer"),
         ({"QUEUEADMIN_STALE_THRESHOLD": "300"}, "must exceed QUEUEADMIN_TASK_TIMEOUT"),
+        ({"QUEUEADMIN_WORKERS": "1"}, "QUEUEADMIN_WORKERS=1 must be at least 2"),
     ],
 )
 def test_it_refuses_bad_values_naming_the_variable(env, message):

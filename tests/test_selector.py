@@ -147,7 +147,7 @@ def test_tick_runs_every_queue_that_is_not_paused():
     running, paused = QueueFactory(batch_size=5), QueueFactory(paused=True)
     put(running, "acme", 7)
     put(paused, "acme", 7)
-    assert selector.tick(seconds=30) == {running.key: 7}
+    assert selector.tick(seconds=0.5, idle_sleep=0.1) == {running.key: 7}
 
 
 def test_select_command_prints_what_each_round_took(capsys):
