@@ -8,6 +8,7 @@ class QueuesConfig(AppConfig):
     verbose_name = "Queues"
 
     def ready(self):
+        from queues import checks  # noqa: F401  (registers the system checks)
         from queues.schedules import ensure_schedules
 
         # Every installed app may register handlers in its handlers.py.

@@ -92,6 +92,15 @@ class Queue(models.Model):
     def __str__(self):
         return self.key
 
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        from queues.checks import stale_threshold_error
+
+        if self.stale_threshold and (error := stale_threshold_error(
+                self.stale_threshold.total_seconds())):
+            raise ValidationError({"stale_threshold": f"The stale threshold {error}."})
+
 
 class AccountPolicy(models.Model):
     """Sparse per-(queue, account) overrides; accounts without a row use the defaults."""

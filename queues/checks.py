@@ -1,0 +1,49 @@
+"""System checks for settings that would otherwise fail quietly in production."""
+
+from django.conf import settings
+from django.core import checks
+
+STALE_MARGIN_SECONDS = 60
+
+
+@checks.register()
+def django_q_leaves_retries_to_queueadmin(app_configs, **kwargs):
+    """QueueAdmin owns attempts, backoff and dead letters; a broker that redelivers on its own
+    would run items twice or forever (django-q2's defaults do)."""
+    q = getattr(settings, "Q_CLUSTER", {})
+    problems = []
+    expected = {"max_attempts": 1, "ack_failures": True, "catch_up": False}
+    for key, value in expected.items():
+        if q.get(key) != value:
+            problems.append(checks.Error(
+                f"Q_CLUSTER[{key!r}] must be {value!r}, not {q.get(key)!r}.",
+                hint="QueueAdmin records attempts and retries itself.", id="queues.E001"))
+    if q.get("retry", 0) <= q.get("timeout", 0):
+        problems.append(checks.Error(
+            f"Q_CLUSTER['retry'] ({q.get('retry')}) must exceed Q_CLUSTER['timeout'] "
+            f"({q.get('timeout')}), or a slow batch is handed to a second worker.",
+            id="queues.E002"))
+    return problems
+
+
+def stale_threshold_error(stale_seconds: float) -> str | None:
+    """Why a stale threshold is unsafe, or None: a healthy attempt may run for the whole task
+    timeout, and rescuing it earlier would run it twice."""
+    minimum = settings.Q_CLUSTER.get("timeout", 0) + STALE_MARGIN_SECONDS
+    if stale_seconds <= minimum:
+        return (f"must be more than the worker task timeout plus {STALE_MARGIN_SECONDS} s "
+                f"({minimum} s)")
+    return None
+
+
+@checks.register(checks.Tags.database)
+def queue_stale_thresholds_exceed_the_task_timeout(app_configs, databases=None, **kwargs):
+    from queues.models import Queue
+
+    if not databases:
+        return []
+    return [
+        checks.Error(f"Queue {key!r}: stale threshold {error}.", id="queues.E003")
+        for key, threshold in Queue.objects.values_list("key", "stale_threshold")
+        if (error := stale_threshold_error(threshold.total_seconds()))
+    ]

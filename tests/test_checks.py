@@ -1,0 +1,42 @@
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from queues import checks
+from tests.factories import QueueFactory
+
+
+def test_the_project_settings_pass_the_queue_checks():
+    assert checks.django_q_leaves_retries_to_queueadmin(None) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "check_id"),
+    [
+        ({"max_attempts": 0}, "queues.E001"),
+        ({"ack_failures": False}, "queues.E001"),
+        ({"catch_up": True}, "queues.E001"),
+        ({"retry": 300, "timeout": 300}, "queues.E002"),
+    ],
+)
+def test_it_refuses_django_q_settings_that_redeliver_on_their_own(settings, override, check_id):
+    settings.Q_CLUSTER = settings.Q_CLUSTER | override
+    errors = checks.django_q_leaves_retries_to_queueadmin(None)
+    assert [e.id for e in errors] == [check_id]
+
+
+@pytest.mark.django_db
+def test_a_queue_stale_threshold_below_the_task_timeout_fails_the_database_check():
+    QueueFactory(key="hasty", stale_threshold=timedelta(seconds=120))
+    with pytest.raises(SystemCheckError, match="Queue 'hasty': stale threshold must be more"):
+        call_command("check", "--database", "default")
+
+
+@pytest.mark.django_db
+def test_a_queue_form_refuses_a_stale_threshold_below_the_task_timeout():
+    queue = QueueFactory.build(key="hasty", name="Hasty", stale_threshold=timedelta(minutes=2))
+    with pytest.raises(ValidationError, match="stale threshold must be more than"):
+        queue.full_clean()
