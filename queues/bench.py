@@ -6,11 +6,13 @@ var/bench/ so docs/benchmarks.md can quote the latest figures.
 
 import json
 import math
+import os
 import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from django.conf import settings
 from django.db import connection
@@ -260,3 +262,103 @@ def _worst_jain(history: list[dict[str, int]], accounts, window: int) -> float |
             jain = total * total / (len(counts) * squares)
             worst = jain if worst is None else min(worst, jain)
     return worst
+
+
+# --- throughput --------------------------------------------------------------------------------
+
+def bare_noop(n):
+    """The bare django-q2 path's task: one broker task per item, doing nothing."""
+    return n
+
+
+def run_throughput(*, items: int, accounts: int, clusters: int, bare_items: int,
+                   timeout: float, log=print) -> Report:
+    """End to end with real processes: items enqueued, a selector loop and `clusters` django-q2
+    clusters running the noop handler, until every item is complete; then the bare django-q2
+    path (one async_task per item) through the same clusters."""
+    from django_q.models import OrmQ
+    from django_q.status import Stat
+    from django_q.tasks import async_task
+
+    report = Report("throughput", {"items": items, "accounts": accounts, "clusters": clusters,
+                                   "bare_items": bare_items})
+    queue = bench_queue("bench-throughput", handler="noop", batch_size=60,
+                        concurrency=100_000, rate_limit_per_minute=None, paused=False)
+    others = list(Queue.objects.exclude(pk=queue.pk).filter(paused=False)
+                  .values_list("pk", flat=True))
+    Queue.objects.filter(pk__in=others).update(paused=True)  # the clusters' tick skips them
+    run = f"t{int(time.time() * 1000):x}"
+    processes = []
+    try:
+        processes = _start_processes(clusters, queue.key)
+        if not _wait_for(lambda: len(Stat.get_all()) >= clusters, 60):
+            raise RuntimeError("the worker clusters did not start within a minute")
+        before = counters.status_counts([queue.pk])[queue.pk]["complete"]
+        # Timed from the first enqueue, with the clusters up: producers and workers overlap.
+        started = time.perf_counter()
+        for offset in range(0, items, 1000):
+            lifecycle.enqueue_many(queue.key, [
+                {"account": f"acct-{(n * 7919) % accounts:05d}", "identifier": f"{run}-{n}"}
+                for n in range(offset, min(items, offset + 1000))
+            ], actor="bench")
+        report.add("enqueue", items / (time.perf_counter() - started), "items/s")
+        done = _wait_for(lambda: counters.status_counts([queue.pk])[queue.pk]["complete"]
+                         - before >= items, timeout)
+        elapsed = time.perf_counter() - started
+        log(f"{items} items {'complete' if done else 'NOT complete'} in {elapsed:.1f} s")
+        report.add("queueadmin end to end", items / elapsed if done else 0, "items/s")
+        report.add("queueadmin time to drain", elapsed, "s")
+
+        first = OrmQ.objects.order_by("-id").values_list("id", flat=True).first() or 0
+        started = time.perf_counter()
+        for n in range(bare_items):
+            async_task("queues.bench.bare_noop", n)
+        enqueued = time.perf_counter() - started
+        done = _wait_for(lambda: not OrmQ.objects.filter(id__gt=first).exists(), timeout)
+        elapsed = time.perf_counter() - started
+        log(f"{bare_items} bare tasks {'done' if done else 'NOT done'} in {elapsed:.1f} s")
+        report.add("bare django-q2 enqueue", bare_items / enqueued, "tasks/s")
+        report.add("bare django-q2 end to end", bare_items / elapsed if done else 0, "tasks/s")
+    finally:
+        _stop_processes(processes)
+        Queue.objects.filter(pk__in=others).update(paused=False)
+    return report
+
+
+def _start_processes(clusters: int, queue_key: str):
+    import subprocess
+    import sys
+
+    manage = str(settings.BASE_DIR / "manage.py")
+    # The processes use the database this one uses (under tests, the test database).
+    db = connection.settings_dict
+    env = os.environ | {"DATABASE_URL": (
+        f"postgres://{quote(db['USER'] or '')}:{quote(db['PASSWORD'] or '')}@{db['HOST']}:"
+        f"{db['PORT'] or 5432}/{db['NAME']}" if connection.vendor == "postgresql"
+        else f"sqlite:///{db['NAME']}")}
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+    commands = [[sys.executable, manage, "qcluster"]] * clusters + [
+        [sys.executable, manage, "select", "--queue", queue_key, "--loop", "--interval", "0.05"]]
+    # Our own interpreter and manage.py with fixed arguments: nothing untrusted is run.
+    return [subprocess.Popen(command, **quiet) for command in commands]  # noqa: S603
+
+
+def _stop_processes(processes):
+    import signal
+
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=30)
+        except Exception:  # a cluster that does not stop in time is killed
+            process.kill()
+
+
+def _wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.25)
+    return False

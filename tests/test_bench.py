@@ -56,3 +56,22 @@ def test_bench_selector_times_rounds_and_puts_the_backlog_back(tmp_path, monkeyp
     assert touched.count() == 3 * 60
     assert set(Item.objects.filter(pk__in=touched.values("item_id")).values_list(
         "status", flat=True)) == {Status.QUEUED}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_bench_throughput_runs_items_through_real_worker_clusters(tmp_path, monkeypatch):
+    from queues.models import Queue
+
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    other = Queue.objects.create(key="other", name="Other")
+    out = StringIO()
+    call_command("bench", "throughput", "--items", "300", "--clusters", "1",
+                 "--bare-items", "5", "--timeout", "120", stdout=out)
+    assert "300 items complete" in out.getvalue()
+    assert "5 bare tasks done" in out.getvalue()
+    queue = Queue.objects.get(key="bench-throughput")
+    assert Item.objects.filter(queue=queue, status=Status.COMPLETE).count() == 300
+    assert ItemEvent.objects.filter(queue_id=queue.pk, transition="completed").count() == 300
+    other.refresh_from_db()
+    assert other.paused is False

@@ -5,7 +5,7 @@ from queues import bench
 
 
 class Command(BaseCommand):
-    help = "Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector."
+    help = "Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, throughput."
 
     def add_arguments(self, parser):
         scenarios = parser.add_subparsers(dest="scenario", required=True)
@@ -23,6 +23,13 @@ class Command(BaseCommand):
                             help="repeat to pick several (default: all)")
         select.add_argument("--rounds", type=int, default=200)
         select.add_argument("--fairness-rounds", type=int, default=500)
+        throughput = scenarios.add_parser(
+            "throughput", help="Items/s end to end with real worker clusters (noop handler).")
+        throughput.add_argument("--items", type=int, default=50_000)
+        throughput.add_argument("--accounts", type=int, default=1000)
+        throughput.add_argument("--clusters", type=int, default=2)
+        throughput.add_argument("--bare-items", type=int, default=2000)
+        throughput.add_argument("--timeout", type=float, default=600)
 
     def handle(self, *args, scenario, **options):
         if settings.DEBUG:
@@ -35,6 +42,11 @@ class Command(BaseCommand):
                 log=self.stdout.write)
         elif options["items"] < 1:
             raise CommandError("--items must be at least 1")
+        elif scenario == "throughput":
+            report = bench.run_throughput(
+                items=options["items"], accounts=options["accounts"],
+                clusters=options["clusters"], bare_items=options["bare_items"],
+                timeout=options["timeout"], log=self.stdout.write)
         elif scenario == "seed":
             report = bench.run_seed(items=options["items"], accounts=options["accounts"],
                                     queues=options["queues"], log=self.stdout.write)
