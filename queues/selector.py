@@ -99,16 +99,6 @@ def run_round(queue: Queue) -> Round:
     return result
 
 
-def run_rounds(queue: Queue, *, seconds: float) -> list[Round]:
-    """Rounds back to back while they fill their batch, for up to `seconds`: throughput is set
-    by the workers' room, not by the schedule's tick."""
-    deadline = time.monotonic() + seconds
-    rounds = [run_round(queue)]
-    while rounds[-1].filled and time.monotonic() < deadline:
-        rounds.append(run_round(queue))
-    return rounds
-
-
 def tick(seconds: float = 50.0, idle_sleep: float = 1.0) -> dict[str, int]:
     """The scheduled task (every minute): passes over every queue that is not paused until
     `seconds` are up, the next pass at once while some round filled its batch, otherwise after
