@@ -336,23 +336,27 @@ def _start_processes(clusters: int, queue_key: str):
         f"postgres://{quote(db['USER'] or '')}:{quote(db['PASSWORD'] or '')}@{db['HOST']}:"
         f"{db['PORT'] or 5432}/{db['NAME']}" if connection.vendor == "postgresql"
         else f"sqlite:///{db['NAME']}")}
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+    # Each in its own session, so a cluster and the processes it forks stop (or die) together.
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env,
+             "start_new_session": True}
     commands = [[sys.executable, manage, "qcluster"]] * clusters + [
         [sys.executable, manage, "select", "--queue", queue_key, "--loop", "--interval", "0.05"]]
     # Our own interpreter and manage.py with fixed arguments: nothing untrusted is run.
     return [subprocess.Popen(command, **quiet) for command in commands]  # noqa: S603
 
 
-def _stop_processes(processes):
+def _stop_processes(processes, sig=None):
     import signal
 
     for process in processes:
-        process.send_signal(signal.SIGTERM)
+        if process.poll() is None:
+            os.killpg(process.pid, sig or signal.SIGTERM)
     for process in processes:
         try:
             process.wait(timeout=30)
         except Exception:  # a cluster that does not stop in time is killed
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def _wait_for(condition, timeout: float) -> bool:

@@ -1,0 +1,83 @@
+"""Fault drills with real processes on PostgreSQL: worker clusters (manage.py qcluster) and a
+selector loop started as subprocesses against the test database."""
+
+import signal
+import time
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db.models import Count
+
+from queues import bench, enqueue_many, sweeper
+from queues.models import Attempt, DeadLetter, Item, ItemEvent, SelectorRound, Status
+from tests.factories import QueueFactory
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+TERMINAL = (Status.COMPLETE, Status.FAILED, Status.CANCELLED)
+
+
+def put(queue, n, prefix="drill"):
+    for offset in range(0, n, 1000):
+        enqueue_many(queue.key, [{"account": f"acct-{i % 37:02d}", "identifier": f"{prefix}-{i}"}
+                                 for i in range(offset, min(n, offset + 1000))])
+
+
+def wait_for(condition, seconds):
+    assert bench._wait_for(condition, seconds), "timed out"
+
+
+def test_two_clusters_push_items_through_none_lost_none_completed_twice():
+    queue = QueueFactory(key="drill", handler="noop", batch_size=60, concurrency=100_000)
+    put(queue, 3000)
+    processes = bench._start_processes(2, queue.key)
+    try:
+        wait_for(lambda: Item.objects.filter(queue=queue, status=Status.COMPLETE).count()
+                 == 3000, 240)
+    finally:
+        bench._stop_processes(processes)
+    completions = Counter(ItemEvent.objects.filter(queue_id=queue.pk, transition="completed")
+                          .values_list("item_id", flat=True))
+    assert len(completions) == 3000 and set(completions.values()) == {1}
+    assert not Attempt.objects.filter(item__queue=queue).exclude(outcome="complete").exists()
+    rounds = list(SelectorRound.objects.filter(queue=queue).order_by("started_at")
+                  .values_list("started_at", "duration_ms"))
+    for (start, duration), (next_start, _) in zip(rounds, rounds[1:], strict=False):
+        assert start + timedelta(milliseconds=duration) <= next_start
+
+
+def test_a_cluster_killed_mid_batch_loses_nothing_and_runs_nothing_twice():
+    # Each item takes a second, so the kill lands while batches run.
+    queue = QueueFactory(key="drill", handler="demo", batch_size=20, concurrency=100_000,
+                         backoff_seconds=[1],
+                         handler_options={"min_ms": 1000, "max_ms": 1000, "retry_rate": 0,
+                                          "permanent_rate": 0})
+    put(queue, 200)
+    first = bench._start_processes(1, queue.key)
+    try:
+        wait_for(lambda: Item.objects.filter(queue=queue, status=Status.RUNNING).exists(), 60)
+    finally:
+        bench._stop_processes(first, signal.SIGKILL)
+    lost = Item.objects.filter(queue=queue, status__in=(Status.DISPATCHED, Status.RUNNING))
+    lost_count = lost.count()
+    assert lost_count
+    # Test-short thresholds: the drill, not the system check, decides how long "lost" takes.
+    queue.__class__.objects.filter(pk=queue.pk).update(
+        dispatch_timeout=timedelta(seconds=1), stale_threshold=timedelta(seconds=1))
+    time.sleep(1.5)
+    rescued = sweeper.run()
+    assert sum(n for action, n in rescued.items() if "lost" in action) == lost_count
+    second = bench._start_processes(1, queue.key)
+    try:
+        wait_for(lambda: not Item.objects.filter(queue=queue).exclude(
+            status__in=TERMINAL).exists(), 240)
+    finally:
+        bench._stop_processes(second)
+    statuses = dict(Item.objects.filter(queue=queue).values_list("status")
+                    .annotate(n=Count("id")))
+    assert statuses == {Status.COMPLETE: 200}
+    completions = Counter(ItemEvent.objects.filter(queue_id=queue.pk, transition="completed")
+                          .values_list("item_id", flat=True))
+    assert set(completions.values()) == {1}
+    assert Attempt.objects.filter(item__queue=queue, outcome="lost").exists()
+    assert not DeadLetter.objects.filter(queue=queue).exists()
