@@ -1,9 +1,9 @@
 """The fair selector: one round per queue picks ready items across accounts and dispatches them.
 
 A round reads only the demand it needs (the next accounts after the cursor, each counted up to
-the batch size), plans with fairness.plan_batch, claims the items, marks them dispatched through
-the lifecycle and enqueues one worker task for the whole batch, all in one transaction: the task
-row is written with the items' new status or not at all.
+a fair share plus one), plans with fairness.plan_batch, claims the items, marks them dispatched
+through the lifecycle and enqueues one worker task for the whole batch, all in one transaction:
+the task row is written with the items' new status or not at all.
 """
 
 import logging
@@ -92,8 +92,10 @@ def run_round(queue: Queue) -> Round:
                     [[row.id, row.attempts] for row in dispatched.changed],
                     task_name=f"{queue.key} batch of {len(dispatched.changed)}",
                 )
-        result.duration_ms = (time.perf_counter() - started) * 1000
-        _record_round(queue, now, cursor or "", result)
+            result.duration_ms = (time.perf_counter() - started) * 1000
+            # Empty rounds change nothing and are not recorded: an idle queue is polled every
+            # second.
+            _record_round(queue, now, cursor or "", result)
     if not result.taken:
         result.skipped = "nothing ready"
     return result

@@ -141,8 +141,7 @@ def test_tick_goes_on_at_once_while_rounds_fill_their_batch():
     put(queue, "acme", 12)
     selector.tick(seconds=0.3, idle_sleep=0.1)
     takes = list(SelectorRound.objects.order_by("id").values_list("taken", flat=True))
-    assert takes[:3] == [5, 5, 2]
-    assert set(takes[3:]) <= {0}
+    assert takes == [5, 5, 2]  # idle rounds afterwards change nothing and leave no record
 
 
 def test_tick_runs_every_queue_that_is_not_paused():
