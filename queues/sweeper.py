@@ -90,8 +90,7 @@ def _rescue(queue: Queue, status: str, older_than: datetime) -> tuple[Counter, b
     )
     changed: Counter = Counter()
     if stuck:
-        with transaction.atomic():
-            results = lifecycle.rescue_lost(queue, stuck)
+        results = lifecycle.rescue_lost(queue, stuck)  # one transaction for the whole batch
         for kind, result in results.items():
             changed[f"{status} items lost, {'retried' if kind == 'retry' else 'failed'}"] += len(
                 result.changed)
