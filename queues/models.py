@@ -382,3 +382,51 @@ class OutcomeMinute(models.Model):
 
     def __str__(self):
         return f"{self.status}={self.count} on queue {self.queue_id} at {self.minute:%H:%M}"
+
+
+class ApiToken(models.Model):
+    """A bearer token for the JSON API. Only a SHA-256 digest of the secret is stored: the
+    secret has 256 random bits, so a slow password hash would add latency and no safety."""
+
+    name = models.CharField(max_length=100)
+    digest = models.CharField(max_length=64, unique=True)
+    # The first characters of the secret, shown in lists so operators can tell tokens apart.
+    prefix = models.CharField(max_length=12)
+    all_queues = models.BooleanField(default=False)
+    queues = models.ManyToManyField(Queue, blank=True, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+
+class AuditEntry(models.Model):
+    """One mutation by a person or a token: who, when, what, on which target and filter, and
+    how many rows it changed. Append-only; written by queues.audit.record."""
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField(db_index=True)
+    # The name is kept beside the link so the entry survives the user's deletion.
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+", db_constraint=False,
+    )
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=50)
+    queue_key = models.CharField(max_length=64, blank=True)
+    target = models.CharField(max_length=255, blank=True)
+    filter = models.JSONField(default=dict, blank=True)
+    counts = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        # The audit view filters by queue and shows the newest first.
+        indexes = [models.Index(fields=["queue_key", "at"], name="audit_queue_idx")]
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.target}"
