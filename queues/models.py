@@ -203,6 +203,8 @@ class Attempt(models.Model):
     error = models.TextField(blank=True)
     traceback = models.TextField(blank=True)
     worker = models.CharField(max_length=200, blank=True)
+    # What the handler returned, kept small: e.g. a webhook's response status and body excerpt.
+    result = models.JSONField(null=True, blank=True)
 
     class Meta:
         # Item detail lists its attempts in order.
