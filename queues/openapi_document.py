@@ -1,0 +1,184 @@
+"""The OpenAPI 3.1 description of /api/v1/, served at /api/v1/openapi.json.
+
+tests/test_api_openapi.py keeps it true: every route is described, and every response the tests
+receive validates against the schema described for its status.
+"""
+
+from django.conf import settings
+
+from queues.lifecycle import BATCH_LIMIT, PRIORITY_RANGE
+from queues.models import MAX_ACCOUNT_LENGTH, MAX_IDENTIFIER_LENGTH, Status
+
+DATE_TIME = {"type": "string", "format": "date-time"}
+NULLABLE_DATE_TIME = {"type": ["string", "null"], "format": "date-time"}
+
+
+def _error(description: str) -> dict:
+    return {"description": description,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _json(description: str, schema_name: str) -> dict:
+    return {"description": description, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{schema_name}"}}}}
+
+
+COMMON_ERRORS = {
+    "401": _error("No token, or an unknown or revoked token."),
+    "403": _error("The token is not scoped to this queue."),
+    "405": _error("Method not allowed."),
+    "503": _error("The database is unavailable; retry after the Retry-After seconds."),
+}
+
+
+def document() -> dict:
+    limits = settings.QUEUEADMIN
+    new_item = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["account", "identifier"],
+        "properties": {
+            "account": {"type": "string", "minLength": 1, "maxLength": MAX_ACCOUNT_LENGTH,
+                        "description": "The tenant the item belongs to; fairness is per account."},
+            "identifier": {"type": "string", "minLength": 1, "maxLength": MAX_IDENTIFIER_LENGTH,
+                           "description": "Unique among the queue's live items: enqueueing a "
+                                          "live identifier again returns the existing item."},
+            "payload": {"description": "Any JSON value; at most "
+                                       f"{limits['API_MAX_PAYLOAD_BYTES']} bytes encoded.",
+                        "default": {}},
+            "run_at": {**NULLABLE_DATE_TIME,
+                       "description": "Not before this time (with an offset); at most "
+                                      f"{limits['API_MAX_DELAY_DAYS']} days ahead."},
+            "priority": {"type": "integer", "minimum": PRIORITY_RANGE[0],
+                         "maximum": PRIORITY_RANGE[1], "default": 0,
+                         "description": "Higher first, within the item's account."},
+        },
+    }
+    item = {
+        "type": "object",
+        "required": ["id", "queue", "account", "identifier", "status", "priority", "payload",
+                     "attempts", "retries_left", "last_error", "next_run_at", "delayed",
+                     "run_at", "created_at", "updated_at", "dispatched_at", "started_at",
+                     "finished_at"],
+        "properties": {
+            "id": {"type": "integer"},
+            "queue": {"type": "string"},
+            "account": {"type": "string"},
+            "identifier": {"type": "string"},
+            "status": {"type": "string", "enum": list(Status.values)},
+            "priority": {"type": "integer"},
+            "payload": {},
+            "attempts": {"type": "integer", "minimum": 0},
+            "retries_left": {"type": ["integer", "null"], "minimum": 0,
+                             "description": "Failed attempts still retried before the item "
+                                            "moves to the dead letters; null once complete."},
+            "last_error": {"type": ["string", "null"]},
+            "next_run_at": {**NULLABLE_DATE_TIME,
+                            "description": "Estimated next run for waiting items (queued or "
+                                           "retry): the retry time or a delayed start."},
+            "delayed": {"type": "boolean"},
+            "run_at": DATE_TIME,
+            "created_at": DATE_TIME,
+            "updated_at": DATE_TIME,
+            "dispatched_at": NULLABLE_DATE_TIME,
+            "started_at": NULLABLE_DATE_TIME,
+            "finished_at": NULLABLE_DATE_TIME,
+            "created": {"type": "boolean",
+                        "description": "Enqueue responses only: false for a deduplicated item."},
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "QueueAdmin API",
+            "version": "1",
+            "description": "Put work on queues and read its progress. Errors are "
+                           "`{\"error\": {\"code\", \"message\", \"fields\"}}` with a 4xx "
+                           "status, and a refused request writes nothing.",
+        },
+        "servers": [{"url": "/api/v1"}],
+        "security": [{"bearer": []}],
+        "paths": {
+            "/queues": {"get": {
+                "operationId": "listQueues",
+                "summary": "Queues the token may use, with item counts per status.",
+                "responses": {"200": _json("The queues.", "QueueList"), **COMMON_ERRORS},
+            }},
+            "/queues/{key}/items": {"post": {
+                "operationId": "enqueue",
+                "summary": f"Enqueue one item, or up to {BATCH_LIMIT} all or nothing.",
+                "parameters": [{"name": "key", "in": "path", "required": True,
+                                "schema": {"type": "string"}}],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                    "oneOf": [{"$ref": "#/components/schemas/NewItem"},
+                              {"$ref": "#/components/schemas/NewItemBatch"}]}}}},
+                "responses": {
+                    "201": _json("Created (for a batch: at least one item was new).",
+                                 "EnqueueResult"),
+                    "200": _json("Every identifier was already live with the same payload.",
+                                 "EnqueueResult"),
+                    "400": _error("Malformed JSON, invalid UTF-8, a byte order mark, NaN, "
+                                  "duplicate keys, out-of-range numbers, \\u0000 or lone "
+                                  "surrogates, or nesting deeper than 32 levels."),
+                    "404": _error("Unknown queue."),
+                    "409": _error("A live item holds the identifier with a different payload."),
+                    "413": _error("Body over "
+                                  f"{limits['API_MAX_BODY_BYTES']} bytes."),
+                    "415": _error("Content-Type is not application/json."),
+                    "422": _error("Well-formed JSON with invalid items; `fields` names each."),
+                    **COMMON_ERRORS,
+                },
+            }},
+            "/items/{id}": {"get": {
+                "operationId": "getItem",
+                "summary": "One item: status, attempts, last error and next run estimate.",
+                "parameters": [{"name": "id", "in": "path", "required": True,
+                                "schema": {"type": "integer"}}],
+                "responses": {"200": _json("The item.", "Item"),
+                              "404": _error("No such item."), **COMMON_ERRORS},
+            }},
+        },
+        "components": {
+            "securitySchemes": {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "A token from `manage.py create_api_token`, scoped to queues."}},
+            "schemas": {
+                "NewItem": new_item,
+                "NewItemBatch": {
+                    "type": "object", "additionalProperties": False, "required": ["items"],
+                    "properties": {"items": {"type": "array", "minItems": 1,
+                                             "maxItems": BATCH_LIMIT,
+                                             "items": {"$ref": "#/components/schemas/NewItem"}}},
+                },
+                "Item": item,
+                "EnqueueResult": {"oneOf": [
+                    {"allOf": [{"$ref": "#/components/schemas/Item"},
+                               {"required": ["created"]}]},
+                    {"type": "object", "required": ["created", "existing", "items"],
+                     "properties": {
+                         "created": {"type": "integer"}, "existing": {"type": "integer"},
+                         "items": {"type": "array",
+                                   "items": {"$ref": "#/components/schemas/Item"}}}},
+                ]},
+                "QueueList": {"type": "object", "required": ["queues"], "properties": {
+                    "queues": {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["key", "name", "handler", "paused", "counts"],
+                        "properties": {
+                            "key": {"type": "string"}, "name": {"type": "string"},
+                            "handler": {"type": "string"}, "paused": {"type": "boolean"},
+                            "counts": {"type": "object", "required": list(Status.values),
+                                       "additionalProperties": {"type": "integer"}},
+                        }}}}},
+                "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+                    "type": "object", "required": ["code", "message", "fields"],
+                    "properties": {
+                        "code": {"type": "string"},
+                        "message": {"type": "string"},
+                        "fields": {"type": "object",
+                                   "additionalProperties": {"type": "string"}},
+                        "item_id": {"type": ["integer", "null"]},
+                    }}}},
+            },
+        },
+    }
