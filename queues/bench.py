@@ -6,20 +6,18 @@ var/bench/ so docs/benchmarks.md can quote the latest figures.
 
 import json
 import math
-import os
 import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from urllib.parse import quote
 
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
-from queues import counters, fairness, lifecycle, seeding, selector
+from queues import counters, fairness, lifecycle, processes, seeding, selector
 from queues.models import READY_STATUSES, Item, Queue
 
 RESULTS_DIR = settings.BASE_DIR / "var" / "bench"
@@ -288,10 +286,10 @@ def run_throughput(*, items: int, accounts: int, clusters: int, bare_items: int,
                   .values_list("pk", flat=True))
     Queue.objects.filter(pk__in=others).update(paused=True)  # the clusters' tick skips them
     run = f"t{int(time.time() * 1000):x}"
-    processes = []
+    started_processes = []
     try:
-        processes = _start_processes(clusters, queue.key)
-        if not _wait_for(lambda: len(Stat.get_all()) >= clusters, 60):
+        started_processes = start_clusters(clusters, queue.key)
+        if not processes.wait_for(lambda: len(Stat.get_all()) >= clusters, 60):
             raise RuntimeError("the worker clusters did not start within a minute")
         before = counters.status_counts([queue.pk])[queue.pk]["complete"]
         # Timed from the first enqueue, with the clusters up: producers and workers overlap.
@@ -302,7 +300,7 @@ def run_throughput(*, items: int, accounts: int, clusters: int, bare_items: int,
                 for n in range(offset, min(items, offset + 1000))
             ], actor="bench")
         report.add("enqueue", items / (time.perf_counter() - started), "items/s")
-        done = _wait_for(lambda: counters.status_counts([queue.pk])[queue.pk]["complete"]
+        done = processes.wait_for(lambda: counters.status_counts([queue.pk])[queue.pk]["complete"]
                          - before >= items, timeout)
         elapsed = time.perf_counter() - started
         log(f"{items} items {'complete' if done else 'NOT complete'} in {elapsed:.1f} s")
@@ -314,55 +312,18 @@ def run_throughput(*, items: int, accounts: int, clusters: int, bare_items: int,
         for n in range(bare_items):
             async_task("queues.bench.bare_noop", n)
         enqueued = time.perf_counter() - started
-        done = _wait_for(lambda: not OrmQ.objects.filter(id__gt=first).exists(), timeout)
+        done = processes.wait_for(lambda: not OrmQ.objects.filter(id__gt=first).exists(), timeout)
         elapsed = time.perf_counter() - started
         log(f"{bare_items} bare tasks {'done' if done else 'NOT done'} in {elapsed:.1f} s")
         report.add("bare django-q2 enqueue", bare_items / enqueued, "tasks/s")
         report.add("bare django-q2 end to end", bare_items / elapsed if done else 0, "tasks/s")
     finally:
-        _stop_processes(processes)
+        processes.stop(started_processes)
         Queue.objects.filter(pk__in=others).update(paused=False)
     return report
 
 
-def _start_processes(clusters: int, queue_key: str):
-    import subprocess
-    import sys
-
-    manage = str(settings.BASE_DIR / "manage.py")
-    # The processes use the database this one uses (under tests, the test database).
-    db = connection.settings_dict
-    env = os.environ | {"DATABASE_URL": (
-        f"postgres://{quote(db['USER'] or '')}:{quote(db['PASSWORD'] or '')}@{db['HOST']}:"
-        f"{db['PORT'] or 5432}/{db['NAME']}" if connection.vendor == "postgresql"
-        else f"sqlite:///{db['NAME']}")}
-    # Each in its own session, so a cluster and the processes it forks stop (or die) together.
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env,
-             "start_new_session": True}
-    commands = [[sys.executable, manage, "qcluster"]] * clusters + [
-        [sys.executable, manage, "select", "--queue", queue_key, "--loop", "--interval", "0.05"]]
-    # Our own interpreter and manage.py with fixed arguments: nothing untrusted is run.
-    return [subprocess.Popen(command, **quiet) for command in commands]  # noqa: S603
-
-
-def _stop_processes(processes, sig=None):
-    import signal
-
-    for process in processes:
-        if process.poll() is None:
-            os.killpg(process.pid, sig or signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(timeout=30)
-        except Exception:  # a cluster that does not stop in time is killed
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def _wait_for(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.25)
-    return False
+def start_clusters(clusters: int, queue_key: str):
+    """`clusters` django-q2 clusters and a fast selector loop for one queue."""
+    return [processes.start_manage("qcluster") for _ in range(clusters)] + [
+        processes.start_manage("select", "--queue", queue_key, "--loop", "--interval", "0.05")]

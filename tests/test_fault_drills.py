@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.db.models import Count
 
-from queues import bench, enqueue_many, sweeper
+from queues import bench, enqueue_many, processes, sweeper
 from queues.models import Attempt, DeadLetter, Item, ItemEvent, SelectorRound, Status
 from tests.factories import QueueFactory
 
@@ -24,18 +24,18 @@ def put(queue, n, prefix="drill"):
 
 
 def wait_for(condition, seconds):
-    assert bench._wait_for(condition, seconds), "timed out"
+    assert processes.wait_for(condition, seconds), "timed out"
 
 
 def test_two_clusters_push_items_through_none_lost_none_completed_twice():
     queue = QueueFactory(key="drill", handler="noop", batch_size=60, concurrency=100_000)
     put(queue, 3000)
-    processes = bench._start_processes(2, queue.key)
+    clusters = bench.start_clusters(2, queue.key)
     try:
         wait_for(lambda: Item.objects.filter(queue=queue, status=Status.COMPLETE).count()
                  == 3000, 240)
     finally:
-        bench._stop_processes(processes)
+        processes.stop(clusters)
     completions = Counter(ItemEvent.objects.filter(queue_id=queue.pk, transition="completed")
                           .values_list("item_id", flat=True))
     assert len(completions) == 3000 and set(completions.values()) == {1}
@@ -53,11 +53,11 @@ def test_a_cluster_killed_mid_batch_loses_nothing_and_runs_nothing_twice():
                          handler_options={"min_ms": 1000, "max_ms": 1000, "retry_rate": 0,
                                           "permanent_rate": 0})
     put(queue, 200)
-    first = bench._start_processes(1, queue.key)
+    first = bench.start_clusters(1, queue.key)
     try:
         wait_for(lambda: Item.objects.filter(queue=queue, status=Status.RUNNING).exists(), 60)
     finally:
-        bench._stop_processes(first, signal.SIGKILL)
+        processes.stop(first, signal.SIGKILL)
     lost = Item.objects.filter(queue=queue, status__in=(Status.DISPATCHED, Status.RUNNING))
     lost_count = lost.count()
     assert lost_count
@@ -67,12 +67,12 @@ def test_a_cluster_killed_mid_batch_loses_nothing_and_runs_nothing_twice():
     time.sleep(1.5)
     rescued = sweeper.run()
     assert sum(n for action, n in rescued.items() if "lost" in action) == lost_count
-    second = bench._start_processes(1, queue.key)
+    second = bench.start_clusters(1, queue.key)
     try:
         wait_for(lambda: not Item.objects.filter(queue=queue).exclude(
             status__in=TERMINAL).exists(), 240)
     finally:
-        bench._stop_processes(second)
+        processes.stop(second)
     statuses = dict(Item.objects.filter(queue=queue).values_list("status")
                     .annotate(n=Count("id")))
     assert statuses == {Status.COMPLETE: 200}
