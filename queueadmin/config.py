@@ -4,7 +4,9 @@ Every value is checked here, at start-up, so that a typo fails the process with 
 the variable instead of surfacing later as a confusing runtime error.
 """
 
+import ipaddress
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ FALSE_WORDS = {"0", "false", "no", "off", ""}
 # Process roles: the ASGI web process pools its PostgreSQL connections, every other process
 # (workers, commands, tests) keeps one persistent connection per thread.
 PROCESS_ROLES = ("web", "worker")
+HOST_NAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$")
 
 
 class ConfigError(ImproperlyConfigured):
@@ -37,6 +40,7 @@ class Config:
     stale_threshold_seconds: int
     q_timeout_seconds: int
     workers: int
+    webhook_allowed_hosts: list[str]
 
     @property
     def is_production(self) -> bool:
@@ -60,6 +64,41 @@ def parse_int(name: str, raw: str, *, minimum: int) -> int:
     if value < minimum:
         raise ConfigError(f"{name}={value} must be at least {minimum}.")
     return value
+
+
+def normal_host(host: str) -> str:
+    """One spelling per host, so that an allow-list entry and a URL's host compare equal:
+    lower case, no trailing dot, IPv6 without brackets and in its compressed form."""
+    host = host.strip().lower().rstrip(".")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
+
+
+def is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_hosts(name: str, raw: str) -> list[str]:
+    hosts = []
+    for entry in (part.strip() for part in raw.split(",")):
+        if not entry:
+            continue
+        host = normal_host(entry)
+        if not (is_ip_address(host) or HOST_NAME.match(host)):
+            raise ConfigError(
+                f"{name} entry {entry!r} is not a host name or IP address; list bare hosts "
+                "separated by commas, e.g. hooks.internal,10.0.0.5"
+            )
+        hosts.append(host)
+    return list(dict.fromkeys(hosts))
 
 
 def database_settings(url: str, *, process_role: str, env: str) -> dict:
@@ -179,6 +218,10 @@ def load(environ: os._Environ | dict | None = None) -> Config:
 
     workers = parse_int("QUEUEADMIN_WORKERS", environ.get("QUEUEADMIN_WORKERS", "4"), minimum=2)
 
+    webhook_allowed_hosts = parse_hosts(
+        "QUEUEADMIN_WEBHOOK_ALLOWED_HOSTS", environ.get("QUEUEADMIN_WEBHOOK_ALLOWED_HOSTS", "")
+    )
+
     return Config(
         env=env,
         debug=debug,
@@ -189,4 +232,5 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         stale_threshold_seconds=stale,
         q_timeout_seconds=q_timeout,
         workers=workers,
+        webhook_allowed_hosts=webhook_allowed_hosts,
     )

@@ -127,6 +127,8 @@ QUEUEADMIN = {
     # Default stale threshold for new queues: a running item older than this is presumed lost.
     "STALE_THRESHOLD_SECONDS": CONFIG.stale_threshold_seconds,
     "TASK_TIMEOUT_SECONDS": CONFIG.q_timeout_seconds,
+    # Hosts the webhook handler may reach although they resolve to private or local addresses.
+    "WEBHOOK_ALLOWED_HOSTS": CONFIG.webhook_allowed_hosts,
 }
 
 LOGGING = {

@@ -68,3 +68,7 @@ def demo(task: Task):
         raise PermanentError(f"partner rejected {task.identifier}: 422 invalid payload")
     if roll < options.get("permanent_rate", 0.02) + options.get("retry_rate", 0.06):
         raise RetryableError("partner answered 503 Service Unavailable")
+
+
+# Built-in handlers kept in their own modules register on import; last, since they import us.
+from queues import webhook  # noqa: E402, F401

@@ -42,7 +42,7 @@ TRACEBACK_LIMIT = 20_000
 WORKER_LOST = "worker lost"
 PRIORITY_RANGE = (-32768, 32767)
 ATTEMPT_COLUMNS = ("item_id", "number", "started_at", "finished_at", "outcome", "error",
-                   "traceback", "worker")
+                   "traceback", "worker", "result")
 DEAD_LETTER_COLUMNS = ("item_id", "queue_id", "account", "reason", "last_error", "attempts",
                        "created_at", "replayed_by")
 EVENT_COLUMNS = ("item_id", "queue_id", "account", "identifier", "transition", "from_status",
@@ -154,6 +154,7 @@ class Outcome:
     traceback: str = ""
     permanent: bool = False
     delay: float | None = None  # seconds, e.g. from a Retry-After header
+    result: object = None  # what a completed attempt's handler returned, JSON-serialisable
 
 
 # --- enqueue ---------------------------------------------------------------------------------
@@ -516,10 +517,12 @@ def _record(transition_: Transition, changed: list[Changed], now: datetime, acto
     counters.record(deltas, now)
 
     if transition_.attempt_outcome:
+        result_field = Attempt._meta.get_field("result")
         insert_rows(Attempt, ATTEMPT_COLUMNS, [
             (row.id, row.attempts, to_db_datetime(row.started_at), at,
              transition_.attempt_outcome, error(row),
-             (data(row).get("traceback") or "")[-TRACEBACK_LIMIT:], data(row).get("worker", ""))
+             (data(row).get("traceback") or "")[-TRACEBACK_LIMIT:], data(row).get("worker", ""),
+             result_field.get_db_prep_save(data(row).get("result"), connection))
             for row in changed
         ])
     if transition_.dead_letter:
@@ -596,7 +599,8 @@ def _settle(queue: Queue, outcomes: list[Outcome], *, lost: bool, worker: str,
     fences: dict[int, int] = {}
     for outcome in outcomes:
         fences[outcome.item_id] = outcome.attempt
-        data = {"worker": worker, "error": outcome.error, "traceback": outcome.traceback}
+        data = {"worker": worker, "error": outcome.error, "traceback": outcome.traceback,
+                "result": outcome.result}
         exhausted = outcome.attempt >= 1 + queue.max_retries
         if outcome.error is None:
             groups["complete"][outcome.item_id] = data

@@ -5,6 +5,7 @@ delivery of the batch does nothing; handlers run concurrently in a thread pool u
 concurrency; outcomes are recorded set-based through the lifecycle.
 """
 
+import json
 import os
 import socket
 import threading
@@ -19,6 +20,9 @@ from queues.models import Item, Queue
 
 MAX_THREADS = 32  # a batch of 60 no-op items gains nothing from more threads
 TRACEBACK_FRAMES = 20
+# Characters of JSON kept of a handler's result: a summary, such as a webhook's status and its
+# 2,000-character body excerpt (which control characters escaped as \uXXXX can make 12,000).
+RESULT_LIMIT = 16_000
 
 
 def worker_id() -> str:
@@ -56,7 +60,7 @@ def run_batch(queue_id: int, batch: list[list[int]]) -> dict[str, int]:
 
 def _run_one(function, task: Task) -> lifecycle.Outcome:
     try:
-        function(task)
+        result = function(task)
     except PermanentError as exc:
         return _failure(task, exc, permanent=True)
     except RetryableError as exc:
@@ -68,7 +72,23 @@ def _run_one(function, task: Task) -> lifecycle.Outcome:
         if connection.connection is not None:
             close_old_connections()
             connection.close()
-    return lifecycle.Outcome(task.item_id, task.attempt)
+    return lifecycle.Outcome(task.item_id, task.attempt, result=_storable(result))
+
+
+def _storable(result):
+    """The handler's return value as the attempt keeps it. A value the JSON column cannot take
+    is replaced by a note: it would otherwise fail the statement recording the whole batch."""
+    if result is None:
+        return None
+    try:
+        text = json.dumps(result, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        return {"unsaved": f"not JSON-serialisable: {exc}"}
+    if "\\u0000" in text:
+        return {"unsaved": "contains NUL characters, which PostgreSQL's jsonb cannot store"}
+    if len(text) > RESULT_LIMIT:
+        return {"unsaved": f"{len(text)} characters of JSON, over the limit of {RESULT_LIMIT}"}
+    return result
 
 
 def _failure(task: Task, exc: BaseException, *, permanent=False, delay=None):
