@@ -1,6 +1,46 @@
 from django.contrib import admin
 
+from queues import audit
 from queues.models import AccountPolicy, DeadLetter, Item, Queue
+
+
+class AuditedAdmin(admin.ModelAdmin):
+    """Edits made through Django's admin site land in the audit log like every other
+    mutation."""
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        audit.record(request.user, "admin.change" if change else "admin.add",
+                     queue_key=_queue_key(obj), target=f"{obj._meta.model_name}:{obj}",
+                     filter={"fields": form.changed_data}, counts={"rows": 1})
+
+    def save_formset(self, request, form, formset, change):
+        super().save_formset(request, form, formset, change)
+        changed = len(formset.new_objects) + len(formset.changed_objects)
+        if changed or formset.deleted_objects:
+            audit.record(request.user, "admin.change", queue_key=_queue_key(form.instance),
+                         target=f"{formset.model._meta.model_name} of {form.instance}",
+                         counts={"rows": changed + len(formset.deleted_objects)})
+
+    def delete_model(self, request, obj):
+        target, key = f"{obj._meta.model_name}:{obj}", _queue_key(obj)
+        super().delete_model(request, obj)
+        audit.record(request.user, "admin.delete", queue_key=key, target=target,
+                     counts={"rows": 1})
+
+    def delete_queryset(self, request, queryset):
+        targets = [str(obj) for obj in queryset[:20]]
+        rows = queryset.count()
+        super().delete_queryset(request, queryset)
+        audit.record(request.user, "admin.delete", target=f"{queryset.model._meta.model_name}",
+                     filter={"objects": targets}, counts={"rows": rows})
+
+
+def _queue_key(obj) -> str:
+    if isinstance(obj, Queue):
+        return obj.key
+    queue = getattr(obj, "queue", None)
+    return queue.key if queue is not None else ""
 
 
 class AccountPolicyInline(admin.TabularInline):
@@ -9,7 +49,7 @@ class AccountPolicyInline(admin.TabularInline):
 
 
 @admin.register(Queue)
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(AuditedAdmin):
     list_display = ("key", "name", "handler", "batch_size", "concurrency", "max_retries", "paused")
     list_filter = ("paused", "handler")
     search_fields = ("key", "name")
@@ -17,7 +57,7 @@ class QueueAdmin(admin.ModelAdmin):
 
 
 @admin.register(AccountPolicy)
-class AccountPolicyAdmin(admin.ModelAdmin):
+class AccountPolicyAdmin(AuditedAdmin):
     list_display = ("queue", "account", "weight", "max_in_flight", "paused")
     list_filter = ("queue", "paused")
     search_fields = ("account",)

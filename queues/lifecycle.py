@@ -78,6 +78,9 @@ TRANSITIONS = {
                    "cancelled"),
         Transition("requeue", (Status.COMPLETE, Status.FAILED, Status.CANCELLED), Status.QUEUED,
                    "requeued"),
+        # "Run now" in the dashboard: a retry or a delayed item becomes due at once; its
+        # attempts and last error are kept.
+        Transition("run_now", (Status.QUEUED, Status.RETRY), Status.QUEUED, "run_now"),
     )
 }
 
@@ -411,6 +414,9 @@ def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason:
         per_item("last_error", "error", "text", reason, _clip_error)
     elif name == "cancel":
         sets.append("finished_at = %s")
+        params.append(to_db_datetime(now))
+    elif name == "run_now":
+        sets.append("run_at = %s")
         params.append(to_db_datetime(now))
     elif name == "requeue":
         sets += ["attempts = 0", "run_at = %s", "last_error = ''", "dispatched_at = NULL",

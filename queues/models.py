@@ -432,3 +432,15 @@ class AuditEntry(models.Model):
 
     def __str__(self):
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.target}"
+
+
+class UserPreference(models.Model):
+    """Per-user dashboard settings; the time zone is copied into the session at login so that
+    pages never read this table."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                primary_key=True, related_name="queueadmin_preference")
+    time_zone = models.CharField(max_length=64, default="UTC")
+
+    def __str__(self):
+        return f"preferences of user {self.user_id}"

@@ -10,3 +10,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "postgres" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def role_client(db, client):
+    """A client signed in with a role: role_client("Viewer"), "Operator" or "Admin"."""
+    from django.contrib.auth.models import Group, User
+
+    def sign_in(role):
+        user = User.objects.create_user(f"{role.lower()}-user", password="pw-for-tests-1")
+        user.groups.add(Group.objects.get(name=role))
+        client.force_login(user)
+        client.user = user
+        return client
+
+    return sign_in

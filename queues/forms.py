@@ -1,0 +1,88 @@
+"""Forms that parse the dashboard's query strings and posts: each one an allow-list of fields,
+so a view never passes request data to the ORM as it came."""
+
+import zoneinfo
+from datetime import timedelta
+
+from django import forms
+from django.utils import timezone
+
+from queues.dashboard import parse_cursor
+from queues.models import MAX_ACCOUNT_LENGTH, MAX_IDENTIFIER_LENGTH, Queue, Status
+
+PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+DATETIME_LOCAL = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"]
+
+
+class QueueFilterForm(forms.Form):
+    q = forms.CharField(required=False, max_length=100, label="Find a queue")
+    show = forms.ChoiceField(required=False, choices=[
+        ("", "All queues"), ("alerting", "With alerts"), ("paused", "Paused")], label="Show")
+
+
+class ItemFilterForm(forms.Form):
+    status = forms.MultipleChoiceField(required=False, choices=Status.choices,
+                                       widget=forms.CheckboxSelectMultiple)
+    account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
+    identifier = forms.CharField(required=False, max_length=MAX_IDENTIFIER_LENGTH,
+                                 label="Identifier starts with")
+    error = forms.CharField(required=False, max_length=200, label="Error contains")
+    period = forms.ChoiceField(required=False, label="Created", choices=[
+        ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
+        ("custom", "From / to")])
+    created_from = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL,
+                                       label="From", widget=forms.DateTimeInput(
+                                           attrs={"type": "datetime-local"}))
+    created_to = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL, label="To",
+                                     widget=forms.DateTimeInput(
+                                         attrs={"type": "datetime-local"}))
+    before = forms.CharField(required=False, max_length=60, widget=forms.HiddenInput)
+
+    def clean_before(self):
+        raw = self.cleaned_data["before"]
+        if raw and parse_cursor(raw) is None:
+            raise forms.ValidationError("Not a page position.")
+        return raw
+
+    def clean(self):
+        data = super().clean()
+        period = data.get("period")
+        if period in PERIODS:
+            # A preset wins over typed dates: the URL then always means "the last N".
+            data["created_from"] = timezone.now() - PERIODS[period]
+            data["created_to"] = None
+        elif period != "custom":
+            data["created_from"] = data["created_to"] = None
+        start, end = data.get("created_from"), data.get("created_to")
+        if start and end and start >= end:
+            self.add_error("created_to", "Must be after From.")
+        data["cursor"] = parse_cursor(data["before"]) if data.get("before") else None
+        return data
+
+
+class SearchForm(forms.Form):
+    q = forms.CharField(max_length=MAX_IDENTIFIER_LENGTH, label="Identifier")
+
+
+class AccountsForm(forms.Form):
+    after = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH,
+                            widget=forms.HiddenInput)
+
+
+class KeysetForm(forms.Form):
+    """A list walked newest first by id: `before` is the last id of the previous page."""
+
+    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+    queue = forms.CharField(required=False, max_length=64)
+
+
+class RunSelectorForm(forms.Form):
+    queue = forms.ModelChoiceField(queryset=Queue.objects.all(), to_field_name="key")
+
+
+def _time_zone_choices():
+    return [(name, name) for name in sorted(zoneinfo.available_timezones())]
+
+
+class TimeZoneForm(forms.Form):
+    time_zone = forms.ChoiceField(choices=_time_zone_choices, label="Time zone")

@@ -1,0 +1,19 @@
+from django.urls import path
+
+from queues import views
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("queues/<str:key>/", views.queue_items, name="queue_items"),
+    path("queues/<str:key>/errors/", views.queue_errors, name="queue_errors"),
+    path("queues/<str:key>/accounts/", views.queue_accounts, name="queue_accounts"),
+    path("items/<int:pk>/", views.item_detail, name="item_detail"),
+    path("items/<int:pk>/<slug:action>/", views.item_action, name="item_action"),
+    path("search/", views.search, name="search"),
+    path("activity/", views.activity, name="activity"),
+    path("activity/selector/", views.run_selector, name="run_selector"),
+    path("activity/sweeper/", views.run_sweeper, name="run_sweeper"),
+    path("audit/", views.audit_log, name="audit"),
+    path("dead-letters/", views.dead_letters, name="dead_letters"),
+    path("preferences/", views.preferences, name="preferences"),
+]
