@@ -18,8 +18,11 @@ def role_client(db, client):
     from django.contrib.auth.models import Group, User
 
     def sign_in(role):
-        user = User.objects.create_user(f"{role.lower()}-user", password="pw-for-tests-1")
-        user.groups.add(Group.objects.get(name=role))
+        user, created = User.objects.get_or_create(username=f"{role.lower()}-user")
+        if created:
+            user.set_password("pw-for-tests-1")
+            user.save()
+            user.groups.add(Group.objects.get(name=role))
         client.force_login(user)
         client.user = user
         return client

@@ -1,0 +1,136 @@
+"""Item detail `/items/<id>/` and its actions: retry, cancel, run now."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from queues import enqueue, lifecycle
+from queues.models import Attempt, AuditEntry, Item, ItemEvent
+from tests.factories import QueueFactory, item_in_status
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def queue():
+    return QueueFactory(key="emails", backoff_seconds=[60, 600], max_retries=3)
+
+
+def test_detail_shows_payload_timeline_attempts_and_traceback(role_client, queue):
+    item = item_in_status(queue, "retry", payload={"to": "<b>ada</b>", "n": 1})
+    Attempt.objects.filter(item=item).update(traceback="Traceback (most recent call last):\n"
+                                                       '  File "x.py", line 1\nKeyError: <k>')
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert "&quot;to&quot;: &quot;&lt;b&gt;ada&lt;/b&gt;&quot;" in html  # pretty, escaped
+    assert "<b>ada</b>" not in html
+    for transition in ("enqueued", "dispatched", "started", "retry_scheduled"):
+        assert transition in html
+    assert "Attempt 1" in html and "worker-1" in html and "temporary trouble" in html
+    assert "<summary>Traceback</summary>" in html and "KeyError: &lt;k&gt;" in html
+    assert "Next run (estimated)" in html and "Dead letter if every attempt fails" in html
+
+
+def test_dead_letter_estimate_adds_the_remaining_backoff(queue):
+    from queues.dashboard import dead_letter_estimate
+
+    start = timezone.now()
+    # Attempt 1 done; attempt 2 at start, then retries 2 and 3 wait 600 s each (last repeats).
+    assert dead_letter_estimate(queue, 1, start) == start + timedelta(seconds=1200)
+    assert dead_letter_estimate(queue, 3, start) == start
+
+
+def test_failed_item_shows_its_dead_letter_reason(role_client, queue):
+    item = item_in_status(queue, "failed")
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert "Dead letter" in html and "permanent after 1 attempt" in html
+
+
+def test_viewer_sees_no_action_buttons(role_client, queue):
+    item = item_in_status(queue, "failed")
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert "Retry</button>" not in html and "Cancel</button>" not in html
+
+
+def test_operator_sees_the_actions_the_status_allows(role_client, queue):
+    client = role_client("Operator")
+    failed = client.get(f"/items/{item_in_status(queue, 'failed').pk}/").content.decode()
+    assert "Retry</button>" in failed and "Cancel</button>" not in failed
+    retry = client.get(f"/items/{item_in_status(queue, 'retry').pk}/").content.decode()
+    assert "Run now</button>" in retry and "Cancel</button>" in retry and "hx-confirm" in retry
+    running = client.get(f"/items/{item_in_status(queue, 'running').pk}/").content.decode()
+    assert "Cancel</button>" not in running and "not cancelled mid-flight" in running
+
+
+def test_retry_swaps_the_summary_triggers_refresh_and_is_audited(role_client, queue):
+    item = item_in_status(queue, "failed")
+    response = role_client("Operator").post(f"/items/{item.pk}/retry/", HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    assert 'id="item-summary"' in response.content.decode() and b"<html" not in response.content
+    assert "queueadmin:changed" in json.loads(response["HX-Trigger"])
+    item.refresh_from_db()
+    assert item.status == "queued" and item.attempts == 0
+    entry = AuditEntry.objects.get()
+    assert (entry.action, entry.actor_name, entry.queue_key) == ("item.retry", "operator-user",
+                                                                 "emails")
+    assert entry.counts == {"changed": 1, "skipped": 0}
+    assert ItemEvent.objects.filter(item=item, transition="requeued",
+                                    actor="operator-user").exists()
+
+
+def test_cancel_a_queued_item(role_client, queue):
+    item = enqueue("emails", account="a", identifier="x")
+    response = role_client("Operator").post(f"/items/{item.pk}/cancel/", HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    assert Item.objects.get(pk=item.pk).status == "cancelled"
+
+
+def test_cancel_of_a_running_item_says_why_not(role_client, queue):
+    item = item_in_status(queue, "running")
+    response = role_client("Operator").post(f"/items/{item.pk}/cancel/", HTTP_HX_REQUEST="true")
+    assert response.status_code == 409
+    assert b"running items are not cancelled mid-flight" in response.content
+    assert Item.objects.get(pk=item.pk).status == "running"
+    assert AuditEntry.objects.get().counts == {"changed": 0, "skipped": 1}
+
+
+def test_run_now_makes_a_retry_due_at_once(role_client, queue):
+    item = item_in_status(queue, "retry")
+    assert item.run_at > timezone.now()
+    role_client("Operator").post(f"/items/{item.pk}/run-now/", HTTP_HX_REQUEST="true")
+    item.refresh_from_db()
+    assert item.status == "queued" and item.run_at <= timezone.now() and item.attempts == 1
+
+
+def test_run_now_makes_a_delayed_item_due(role_client, queue):
+    item = enqueue("emails", account="a", identifier="later",
+                   run_at=timezone.now() + timedelta(days=1))
+    role_client("Operator").post(f"/items/{item.pk}/run-now/")
+    item.refresh_from_db()
+    assert item.status == "queued" and item.run_at <= timezone.now()
+
+
+def test_run_now_transition_keeps_counts(queue):
+    from queues import counters
+
+    item = enqueue("emails", account="a", identifier="later",
+                   run_at=timezone.now() + timedelta(days=1))
+    lifecycle.transition(item.pk, "run_now", actor="t")
+    assert counters.status_counts([queue.pk])[queue.pk]["queued"] == 1
+
+
+def test_action_without_htmx_redirects_with_a_message(role_client, queue):
+    item = item_in_status(queue, "complete")
+    client = role_client("Operator")
+    response = client.post(f"/items/{item.pk}/retry/")
+    assert response.status_code == 302 and response["Location"] == f"/items/{item.pk}/"
+    assert b"Retry: done." in client.get(response["Location"]).content
+
+
+def test_viewer_cannot_act_and_actions_are_post_only(role_client, queue):
+    item = item_in_status(queue, "failed")
+    assert role_client("Viewer").post(f"/items/{item.pk}/retry/").status_code == 403
+    assert Item.objects.get(pk=item.pk).status == "failed"
+    assert role_client("Operator").get(f"/items/{item.pk}/retry/").status_code == 405
+    assert role_client("Operator").post(f"/items/{item.pk}/explode/").status_code == 404

@@ -1,0 +1,148 @@
+"""Item browser `/queues/<key>/`: filters in the URL, keyset pages, counts, retry estimates."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from queues import dashboard, enqueue
+from queues.models import Item
+from tests.factories import AccountPolicyFactory, QueueFactory, enqueued, items_in_status
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def queue():
+    return QueueFactory(key="emails")
+
+
+def identifiers(response):
+    return [item.identifier for item in response.context["page"].items]
+
+
+def test_newest_first_with_every_column(role_client, queue):
+    items_in_status(queue, "retry", 1, prefix="old")
+    enqueued(queue, 1, prefix="new")
+    response = role_client("Viewer").get("/queues/emails/")
+    assert identifiers(response) == ["new-0", "old-0"]
+    html = response.content.decode()
+    for column in ("Identifier", "Account", "Status", "Attempts", "Current Error",
+                   "Retry (Estimated)", "Created", "Updated"):
+        assert f">{column}</th>" in html
+    assert "Scheduled for Retry" in html and "temporary trouble" in html
+    assert "<time datetime=" in html and 'title="' in html
+
+
+def test_filter_by_several_statuses(role_client, queue):
+    items_in_status(queue, "retry", 2, prefix="r")
+    items_in_status(queue, "failed", 1, prefix="f")
+    items_in_status(queue, "complete", 1, prefix="c")
+    response = role_client("Viewer").get("/queues/emails/?status=retry&status=failed")
+    assert sorted(identifiers(response)) == ["f-0", "r-0", "r-1"]
+    assert response.context["page"].total == "3"
+
+
+def test_filter_by_account_identifier_and_error(role_client, queue):
+    items_in_status(queue, "retry", 2, prefix="inv", account="tenant-1")
+    items_in_status(queue, "failed", 1, prefix="inv-f", account="tenant-2")
+    enqueued(queue, 1, prefix="other", account="tenant-1")
+    client = role_client("Viewer")
+    assert sorted(identifiers(client.get("/queues/emails/?account=tenant-1&identifier=inv"))) \
+        == ["inv-0", "inv-1"]
+    assert identifiers(client.get("/queues/emails/?error=bad+inp")) == ["inv-f-0"]
+
+
+def test_filter_by_created_time_presets_and_range(role_client, queue):
+    old, new = enqueued(queue, 2)
+    Item.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=2))
+    client = role_client("Viewer")
+    assert identifiers(client.get("/queues/emails/?period=24h")) == [new.identifier]
+    assert identifiers(client.get("/queues/emails/?period=7d")) == [new.identifier,
+                                                                    old.identifier]
+    since = (timezone.now() - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M")
+    until = (timezone.now() - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    response = client.get(f"/queues/emails/?period=custom&created_from={since}"
+                          f"&created_to={until}")
+    assert identifiers(response) == [old.identifier]
+
+
+def test_bad_filters_are_refused_with_a_message(role_client, queue):
+    client = role_client("Viewer")
+    response = client.get("/queues/emails/?status=bogus&before=nonsense")
+    assert response.status_code == 400
+    assert b"Check the filters" in response.content
+    response = client.get("/queues/emails/?period=custom&created_from=2026-01-02T00:00"
+                          "&created_to=2026-01-01T00:00", HTTP_HX_REQUEST="true")
+    assert response.status_code == 400 and b"Must be after From" in response.content
+
+
+def test_keyset_pages_walk_every_item_once(role_client, queue, monkeypatch):
+    monkeypatch.setattr(dashboard, "PAGE_SIZE", 4)
+    enqueued(queue, 7, prefix="a")  # one enqueue: all seven share created_at
+    items_in_status(queue, "retry", 3, prefix="b")
+    client = role_client("Viewer")
+    seen, url = [], "/queues/emails/"
+    while url:
+        response = client.get(url)
+        assert "OFFSET" not in str(response.context["page"])
+        seen += identifiers(response)
+        cursor = response.context["page"].next_cursor
+        url = f"/queues/emails/?before={cursor}" if cursor else None
+    assert len(seen) == 10 and len(set(seen)) == 10
+
+
+def test_counts_are_exact_up_to_the_limit_then_plus(role_client, queue, monkeypatch):
+    monkeypatch.setattr(dashboard, "EXACT_COUNT_LIMIT", 3)
+    enqueued(queue, 5, account="big")
+    client = role_client("Viewer")
+    assert client.get("/queues/emails/?account=big").context["page"].total == "3+"
+    assert client.get("/queues/emails/?account=big&identifier=item-1").context["page"].total \
+        == "1"
+    # Unfiltered totals come from the counters, exact.
+    assert client.get("/queues/emails/").context["page"].total == "5"
+
+
+def test_delayed_items_say_until_when(role_client, queue):
+    enqueue("emails", account="a", identifier="later",
+            run_at=timezone.now() + timedelta(hours=3))
+    assert b"Delayed until" in role_client("Viewer").get("/queues/emails/").content
+
+
+def test_retry_estimate_says_what_holds_an_item(role_client, queue):
+    items_in_status(queue, "retry", 1, account="capped")
+    AccountPolicyFactory(queue=queue, account="capped", max_in_flight=1)
+    items_in_status(queue, "running", 1, account="capped")
+    items_in_status(queue, "retry", 1, account="stopped")
+    AccountPolicyFactory(queue=queue, account="stopped", paused=True)
+    html = role_client("Viewer").get("/queues/emails/").content.decode()
+    assert "account at cap" in html and "account paused" in html
+    queue.paused = True
+    queue.save()
+    assert "queue paused" in role_client("Viewer").get("/queues/emails/").content.decode()
+
+
+def test_hostile_identifiers_and_errors_are_escaped(role_client, queue):
+    items = items_in_status(queue, "retry", 1, prefix="<img src=x onerror=alert(1)>")
+    Item.objects.filter(pk=items[0].pk).update(last_error="<script>boom()</script>\nline 2")
+    html = role_client("Viewer").get("/queues/emails/").content.decode()
+    assert "<img src=x" not in html and "<script>boom" not in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+def test_htmx_request_returns_the_list_fragment(role_client, queue):
+    enqueued(queue, 1)
+    html = role_client("Viewer").get("/queues/emails/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="item-list"' in html and "<html" not in html
+
+
+def test_query_count_is_constant(role_client, queue, django_assert_max_num_queries):
+    items_in_status(queue, "retry", 20)
+    client = role_client("Viewer")
+    client.get("/queues/emails/")
+    with django_assert_max_num_queries(7):
+        client.get("/queues/emails/?status=retry&status=failed&period=24h")
+
+
+def test_unknown_queue_is_404(role_client):
+    assert role_client("Viewer").get("/queues/nope/").status_code == 404

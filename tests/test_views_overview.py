@@ -1,0 +1,81 @@
+"""Overview `/`: every queue with counts from the counters, per-minute chart, timings, badges."""
+
+import pytest
+
+from queues.models import CounterDelta, StatusCount
+from tests.factories import QueueFactory, items_in_status
+
+pytestmark = pytest.mark.django_db
+
+
+def test_overview_lists_every_queue_with_counts_per_status(role_client):
+    queue = QueueFactory(key="emails", name="Emails")
+    items_in_status(queue, "queued", 3)
+    items_in_status(queue, "complete", 2)
+    QueueFactory(key="reports")
+    response = role_client("Viewer").get("/")
+    summaries = {s.queue.key: s for s in response.context["summaries"]}
+    assert summaries["emails"].counts["queued"] == 3
+    assert summaries["emails"].counts["complete"] == 2
+    assert sum(summaries["emails"].completed) == 2
+    assert summaries["emails"].run is not None and summaries["emails"].wait is not None
+    assert summaries["emails"].oldest_waiting is not None
+    assert summaries["reports"].counts["queued"] == 0
+    assert b"Emails" in response.content and b'role="img"' in response.content
+
+
+def test_counts_come_from_the_counters_not_from_the_items(role_client):
+    queue = QueueFactory(key="emails")
+    StatusCount.objects.create(queue=queue, status="queued", count=2_500_000)
+    CounterDelta.objects.create(queue=queue, status="queued", delta=5,
+                                minute="2026-01-01T00:00Z")
+    response = role_client("Viewer").get("/")
+    assert b"2,500,005" in response.content
+
+
+def test_paused_and_alert_badges(role_client):
+    queue = QueueFactory(key="emails", paused=True, alert_dead_letters=1,
+                         alert_failures_per_hour=1, alert_depth=1)
+    items_in_status(queue, "failed", 2)
+    items_in_status(queue, "queued", 2)
+    content = role_client("Viewer").get("/").content.decode()
+    assert "Paused" in content
+    assert "2 dead letters (over 1)" in content
+    assert "depth 2 (over 1)" in content
+    assert "2 failures in the last hour (over 1)" in content
+
+
+def test_queue_list_filters_by_text_and_alerts(role_client):
+    QueueFactory(key="emails")
+    noisy = QueueFactory(key="webhooks", alert_dead_letters=0)
+    items_in_status(noisy, "failed", 1)
+    client = role_client("Viewer")
+    keys = [s.queue.key for s in client.get("/?q=mail").context["summaries"]]
+    assert keys == ["emails"]
+    keys = [s.queue.key for s in client.get("/?show=alerting").context["summaries"]]
+    assert keys == ["webhooks"]
+
+
+def test_htmx_refresh_returns_only_the_live_table(role_client):
+    QueueFactory(key="emails")
+    response = role_client("Viewer").get("/", HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert html.lstrip().startswith("{%") is False and "<html" not in html
+    assert 'id="queue-table"' in html and "queueadmin:tick from:body" in html
+    assert "data-connection" in html and "updated" in html
+
+
+def test_query_count_does_not_grow_with_items(role_client, django_assert_max_num_queries):
+    queue = QueueFactory(key="emails")
+    items_in_status(queue, "complete", 30)
+    client = role_client("Viewer")
+    client.get("/")
+    # session + user + role, counters, minutes, oldest, one timing query per queue
+    with django_assert_max_num_queries(8):
+        client.get("/")
+
+
+def test_hostile_queue_names_are_escaped(role_client):
+    QueueFactory(key="evil", name="<script>alert(1)</script>")
+    content = role_client("Viewer").get("/").content.decode()
+    assert "<script>alert(1)" not in content and "&lt;script&gt;" in content
