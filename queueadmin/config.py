@@ -41,6 +41,9 @@ class Config:
     q_timeout_seconds: int
     workers: int
     webhook_allowed_hosts: list[str]
+    api_max_body_bytes: int
+    api_max_payload_bytes: int
+    api_max_delay_days: int
 
     @property
     def is_production(self) -> bool:
@@ -144,7 +147,9 @@ def postgres_settings(db: dict, *, process_role: str, env: str) -> dict:
     if process_role == "web":
         # Django advises against persistent connections under ASGI (each request may run on another
         # thread); psycopg's pool gives the same ~5 ms saving per request safely.
-        options["pool"] = {"min_size": 2, "max_size": 20, "timeout": 10}
+        # A short wait for a connection: when the database is down the API answers 503 at once
+        # rather than holding the client (and a load balancer's health check) for long.
+        options["pool"] = {"min_size": 2, "max_size": 20, "timeout": 3}
         db["CONN_MAX_AGE"] = 0
     else:
         db["CONN_MAX_AGE"] = None if env == "production" else 600
@@ -222,6 +227,19 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         "QUEUEADMIN_WEBHOOK_ALLOWED_HOSTS", environ.get("QUEUEADMIN_WEBHOOK_ALLOWED_HOSTS", "")
     )
 
+    api_max_body_bytes = parse_int(
+        "QUEUEADMIN_API_MAX_BODY_BYTES",
+        environ.get("QUEUEADMIN_API_MAX_BODY_BYTES", str(4 * 1024 * 1024)), minimum=1024,
+    )
+    api_max_payload_bytes = parse_int(
+        "QUEUEADMIN_API_MAX_PAYLOAD_BYTES",
+        environ.get("QUEUEADMIN_API_MAX_PAYLOAD_BYTES", str(64 * 1024)), minimum=64,
+    )
+    api_max_delay_days = parse_int(
+        "QUEUEADMIN_API_MAX_DELAY_DAYS", environ.get("QUEUEADMIN_API_MAX_DELAY_DAYS", "90"),
+        minimum=1,
+    )
+
     return Config(
         env=env,
         debug=debug,
@@ -233,4 +251,7 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         q_timeout_seconds=q_timeout,
         workers=workers,
         webhook_allowed_hosts=webhook_allowed_hosts,
+        api_max_body_bytes=api_max_body_bytes,
+        api_max_payload_bytes=api_max_payload_bytes,
+        api_max_delay_days=api_max_delay_days,
     )

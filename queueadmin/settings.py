@@ -151,6 +151,11 @@ QUEUEADMIN = {
     "TASK_TIMEOUT_SECONDS": CONFIG.q_timeout_seconds,
     # Hosts the webhook handler may reach although they resolve to private or local addresses.
     "WEBHOOK_ALLOWED_HOSTS": CONFIG.webhook_allowed_hosts,
+    # JSON API limits: request body (413 above it), one item's payload, and how far ahead
+    # run_at may be (a typo in a year should not park an item for a century).
+    "API_MAX_BODY_BYTES": CONFIG.api_max_body_bytes,
+    "API_MAX_PAYLOAD_BYTES": CONFIG.api_max_payload_bytes,
+    "API_MAX_DELAY_DAYS": CONFIG.api_max_delay_days,
 }
 
 LOGGING = {

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 urlpatterns = [
+    path("api/v1/", include("queues.api")),
     path("accounts/", include("queues.auth_urls")),
     path("django-admin/", admin.site.urls),
     path("", include("queues.urls")),

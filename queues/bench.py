@@ -8,6 +8,7 @@ import json
 import math
 import platform
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -327,3 +328,63 @@ def start_clusters(clusters: int, queue_key: str):
     """`clusters` django-q2 clusters and a fast selector loop for one queue."""
     return [processes.start_manage("qcluster") for _ in range(clusters)] + [
         processes.start_manage("select", "--queue", queue_key, "--loop", "--interval", "0.05")]
+
+
+# --- api ---------------------------------------------------------------------------------------
+
+def run_api(*, batched_items: int, single_items: int, clients: int, server_workers: int,
+            log=print) -> Report:
+    """Items/s accepted over real HTTP: uvicorn processes on this database, `clients` threads
+    posting batches of 1000, then single items, each over a kept-alive connection."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+
+    from queues import tokens
+
+    report = Report("api", {"batched_items": batched_items, "single_items": single_items,
+                            "clients": clients, "server_workers": server_workers})
+    queue = bench_queue("bench-api", paused=True)  # measured here: the accepting, not the running
+    token, secret = tokens.create(f"bench-{time.time_ns()}", queue_keys=[queue.key],
+                                  actor="bench")
+    port = processes.free_port()
+    server = processes.start_web(port, workers=server_workers, env={"DEBUG": "false"})
+    url = f"http://127.0.0.1:{port}/api/v1/queues/{queue.key}/items"
+    run = f"a{int(time.time() * 1000):x}"
+    local = threading.local()
+
+    def post(body) -> float:
+        if not hasattr(local, "session"):
+            local.session = requests.Session()
+            local.session.headers["Authorization"] = f"Bearer {secret}"
+        t0 = time.perf_counter()
+        response = local.session.post(url, json=body, timeout=60)
+        if response.status_code not in (200, 201):
+            raise RuntimeError(f"the API answered {response.status_code}: {response.text[:200]}")
+        return time.perf_counter() - t0
+
+    def item(n: int) -> dict:
+        return {"account": f"acct-{(n * 7919) % 1000:04d}", "identifier": f"{run}-{n}",
+                "payload": {"order": n, "amount_cents": n % 100000}}
+
+    def measure(name: str, bodies: list, items: int):
+        started = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            latencies = list(pool.map(post, bodies))
+        elapsed = time.perf_counter() - started
+        log(f"{name}: {items} items in {elapsed:.1f} s")
+        report.add(f"{name} throughput", items / elapsed, "items/s")
+        report.add(f"{name} request p50", statistics.median(latencies) * 1000, "ms")
+        report.add(f"{name} request p95", percentile(latencies, 0.95) * 1000, "ms")
+
+    try:
+        post(item(-1))  # warm-up: connections, imports, the token's first use
+        measure("batches of 1000", [
+            {"items": [item(n) for n in range(offset, min(batched_items, offset + 1000))]}
+            for offset in range(0, batched_items, 1000)], batched_items)
+        measure("one at a time", [item(batched_items + n) for n in range(single_items)],
+                single_items)
+    finally:
+        processes.stop([server])
+        tokens.revoke(token, actor="bench")
+    return report

@@ -5,7 +5,9 @@ later, optionally after `delay` seconds) or PermanentError (dead letter at once)
 exception counts as retryable.
 """
 
+import os
 import random
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,9 +61,13 @@ def noop(task: Task):
 def demo(task: Task):
     """Takes a little time and fails sometimes, like a call to a flaky partner API.
 
-    Options: min_ms / max_ms (duration), retry_rate and permanent_rate (0..1).
+    Options: min_ms / max_ms (duration), retry_rate and permanent_rate (0..1), and
+    crash_identifiers: items whose handling kills the worker process, as a segfault in a native
+    library or the OOM killer would (fault drills).
     """
     options = task.options
+    if task.identifier in options.get("crash_identifiers", ()):
+        os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(random.uniform(options.get("min_ms", 20), options.get("max_ms", 300)) / 1000)
     roll = random.random()
     if roll < options.get("permanent_rate", 0.02):

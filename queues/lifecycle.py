@@ -176,7 +176,8 @@ def _check_text(fields: dict, name: str, value, limit: int):
         fields[name] = "must not contain NUL characters"
 
 
-def _normalise(item: Mapping, now: datetime) -> dict:
+def normalise_item(item: Mapping, now: datetime) -> dict:
+    """Check one item to enqueue; returns its stored form or raises EnqueueError naming fields."""
     fields: dict[str, str] = {}
     if not isinstance(item, Mapping):
         raise EnqueueError("an item must be a mapping", {"item": "must be an object"})
@@ -228,7 +229,7 @@ def enqueue_many(queue_key: str, items: Iterable[Mapping], *, actor: str = "pyth
     items = list(items)
     if len(items) > BATCH_LIMIT:
         raise EnqueueError(f"at most {BATCH_LIMIT} items per call", {"items": "too many"})
-    rows = [_normalise(item, now) for item in items]
+    rows = [normalise_item(item, now) for item in items]
     try:
         queue = Queue.objects.get(key=queue_key)
     except Queue.DoesNotExist:

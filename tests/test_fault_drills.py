@@ -81,3 +81,63 @@ def test_a_cluster_killed_mid_batch_loses_nothing_and_runs_nothing_twice():
     assert set(completions.values()) == {1}
     assert Attempt.objects.filter(item__queue=queue, outcome="lost").exists()
     assert not DeadLetter.objects.filter(queue=queue).exists()
+
+
+def drive_until_terminal(queue, seconds):
+    """Run the sweeper every second, as its schedule would with test-short thresholds, until
+    every item of the queue is terminal."""
+    deadline = time.monotonic() + seconds
+    while Item.objects.filter(queue=queue).exclude(status__in=TERMINAL).exists():
+        assert time.monotonic() < deadline, "items still not terminal"
+        sweeper.run()
+        time.sleep(1)
+
+
+def test_a_handler_that_always_raises_makes_one_plus_max_retries_attempts_then_dead_letters():
+    queue = QueueFactory(key="drill", handler="demo", batch_size=60, concurrency=100_000,
+                         max_retries=2, backoff_seconds=[1],
+                         handler_options={"min_ms": 0, "max_ms": 0, "retry_rate": 1.0,
+                                          "permanent_rate": 0})
+    put(queue, 50)
+    clusters = bench.start_clusters(1, queue.key)
+    try:
+        wait_for(lambda: Item.objects.filter(queue=queue, status=Status.FAILED).count() == 50,
+                 120)
+    finally:
+        processes.stop(clusters)
+    outcomes = {}
+    for item_id, outcome in Attempt.objects.filter(item__queue=queue).order_by(
+            "item_id", "number").values_list("item_id", "outcome"):
+        outcomes.setdefault(item_id, []).append(outcome)
+    # 1 + max_retries attempts each: the last one, exhausted, counts as failed.
+    assert len(outcomes) == 50
+    assert {tuple(kinds) for kinds in outcomes.values()} == {("retry", "retry", "failed")}
+    assert DeadLetter.objects.filter(queue=queue, reason="exhausted").count() == 50
+    assert not ItemEvent.objects.filter(queue_id=queue.pk, transition="completed").exists()
+
+
+def test_a_poison_item_that_kills_its_worker_ends_in_the_dead_letters():
+    # One item per round, so the poison takes down no batch-mates and the outcome is exact.
+    queue = QueueFactory(key="drill", handler="demo", batch_size=1, concurrency=100_000,
+                         max_retries=2, backoff_seconds=[1],
+                         dispatch_timeout=timedelta(seconds=2),
+                         stale_threshold=timedelta(seconds=2),
+                         handler_options={"min_ms": 0, "max_ms": 0, "retry_rate": 0,
+                                          "permanent_rate": 0,
+                                          "crash_identifiers": ["drill-3"]})
+    put(queue, 10)
+    clusters = bench.start_clusters(1, queue.key)
+    try:
+        drive_until_terminal(queue, 180)
+    finally:
+        processes.stop(clusters)
+    poison = Item.objects.get(queue=queue, identifier="drill-3")
+    assert poison.status == Status.FAILED
+    assert list(Attempt.objects.filter(item=poison).values_list("outcome", flat=True)) == [
+        "lost"] * 3
+    assert DeadLetter.objects.get(item=poison).reason == "worker lost"
+    others = Item.objects.filter(queue=queue).exclude(pk=poison.pk)
+    assert set(others.values_list("status", flat=True)) == {Status.COMPLETE}
+    completions = Counter(ItemEvent.objects.filter(queue_id=queue.pk, transition="completed")
+                          .values_list("item_id", flat=True))
+    assert len(completions) == 9 and set(completions.values()) == {1}

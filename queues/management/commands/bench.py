@@ -5,7 +5,7 @@ from queues import bench
 
 
 class Command(BaseCommand):
-    help = "Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, throughput."
+    help = "Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, throughput, api."
 
     def add_arguments(self, parser):
         scenarios = parser.add_subparsers(dest="scenario", required=True)
@@ -30,6 +30,12 @@ class Command(BaseCommand):
         throughput.add_argument("--clusters", type=int, default=2)
         throughput.add_argument("--bare-items", type=int, default=2000)
         throughput.add_argument("--timeout", type=float, default=600)
+        api = scenarios.add_parser(
+            "api", help="Items/s accepted through the JSON API over real HTTP.")
+        api.add_argument("--items", type=int, default=100_000, help="items sent in batches")
+        api.add_argument("--single-items", type=int, default=5_000)
+        api.add_argument("--clients", type=int, default=4)
+        api.add_argument("--server-workers", type=int, default=2)
 
     def handle(self, *args, scenario, **options):
         if settings.DEBUG:
@@ -42,6 +48,11 @@ class Command(BaseCommand):
                 log=self.stdout.write)
         elif options["items"] < 1:
             raise CommandError("--items must be at least 1")
+        elif scenario == "api":
+            report = bench.run_api(
+                batched_items=options["items"], single_items=options["single_items"],
+                clients=options["clients"], server_workers=options["server_workers"],
+                log=self.stdout.write)
         elif scenario == "throughput":
             report = bench.run_throughput(
                 items=options["items"], accounts=options["accounts"],
