@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test install lint bench
+.PHONY: demo test install lint bench browser-deps
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,13 @@ demo: install
 # Tests on SQLite by default; set DATABASE_URL=postgres://... to run them on PostgreSQL.
 test: install
 	$(BIN)/pytest
+
+# The browser tests drive Debian's chromium (never a browser that Playwright downloads) and
+# inject axe-core from the npm registry; both are installed only when missing.
+AXE := var/axe/node_modules/axe-core/axe.min.js
+browser-deps:
+	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+	@test -f $(AXE) || (mkdir -p var/axe && cd var/axe && npm install --no-audit --no-fund --silent axe-core@4)
 
 lint: install
 	$(BIN)/ruff check .

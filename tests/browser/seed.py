@@ -1,0 +1,30 @@
+"""Data for the browser tests, written by a child process into the server's own database:
+one user per role and a queue with items in the states the tests click through."""
+
+from datetime import timedelta
+
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+
+from queues import enqueue
+from queues.models import Attempt, Item
+from tests.factories import QueueFactory, item_in_status, items_in_status
+
+PASSWORD = "browser-test-password-1"
+TRACEBACK = ('Traceback (most recent call last):\n  File "/app/handlers.py", line 41, in '
+             'deliver\n    response.raise_for_status()\nHTTPError: 503 Server Error')
+
+
+def seed():
+    for role in ("Viewer", "Operator", "Admin"):
+        user = User.objects.create_user(role.lower(), password=PASSWORD)
+        user.groups.add(Group.objects.get(name=role))
+    queue = QueueFactory(key="emails", name="Emails")
+    QueueFactory(key="reports", name="Reports", paused=True)
+    failed = item_in_status(queue, "failed", prefix="invoice", account="tenant-1")
+    Attempt.objects.filter(item=failed).update(traceback=TRACEBACK)
+    items_in_status(queue, "retry", 3, prefix="retrying", account="tenant-2")
+    items_in_status(queue, "complete", 4, prefix="done", account="tenant-3")
+    enqueue("emails", account="tenant-4", identifier="waiting-1", payload={"to": "<b>x</b>"})
+    old = enqueue("emails", account="tenant-4", identifier="old-1")
+    Item.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=3))
