@@ -444,3 +444,58 @@ class UserPreference(models.Model):
 
     def __str__(self):
         return f"preferences of user {self.user_id}"
+
+
+class BulkOperation(models.Model):
+    """A bulk retry or cancel over a frozen filter, run as resumable steps of at most 1000 items
+    (queues.bulk). The record is the operation's progress, result and audit trail."""
+
+    class Kind(models.TextChoices):
+        RETRY = "retry", "Retry"
+        CANCEL = "cancel", "Cancel"
+
+    class State(models.TextChoices):
+        RUNNING = "running", "Running"
+        STOPPING = "stopping", "Stopping"
+        STOPPED = "stopped", "Stopped"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="bulk_operations")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+", db_constraint=False,
+    )
+    actor_name = models.CharField(max_length=150)
+    # The frozen filter: statuses, time range, account, error text, snapshot time and highest id.
+    filter = models.JSONField()
+    filter_hash = models.CharField(max_length=64)
+    expected = models.PositiveIntegerField()  # eligible items counted by the confirmed preview
+    # Keyset position of the next step: index into the filter's statuses, created_at and id.
+    position = models.JSONField(default=dict)
+    changed = models.PositiveIntegerField(default=0)
+    skipped = models.JSONField(default=dict)  # {reason: count}
+    steps = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    last_step_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # Queue page: its latest operations.
+            models.Index(fields=["queue", "-created_at"], name="bulk_queue_idx"),
+            # The sweeper resumes running operations whose step was lost.
+            models.Index(fields=["state", "last_step_at"], name="bulk_state_idx",
+                         condition=Q(state__in=["running", "stopping"])),
+        ]
+
+    def __str__(self):
+        return f"bulk {self.kind} {self.pk} on queue {self.queue_id}: {self.state}"
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (self.State.STOPPED, self.State.DONE, self.State.FAILED)
