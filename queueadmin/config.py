@@ -44,6 +44,7 @@ class Config:
     api_max_body_bytes: int
     api_max_payload_bytes: int
     api_max_delay_days: int
+    bulk_max_items: int
 
     @property
     def is_production(self) -> bool:
@@ -240,6 +241,11 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         minimum=1,
     )
 
+    bulk_max_items = parse_int(
+        "QUEUEADMIN_BULK_MAX_ITEMS", environ.get("QUEUEADMIN_BULK_MAX_ITEMS", "500000"),
+        minimum=1,
+    )
+
     return Config(
         env=env,
         debug=debug,
@@ -254,4 +260,5 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         api_max_body_bytes=api_max_body_bytes,
         api_max_payload_bytes=api_max_payload_bytes,
         api_max_delay_days=api_max_delay_days,
+        bulk_max_items=bulk_max_items,
     )

@@ -156,6 +156,8 @@ QUEUEADMIN = {
     "API_MAX_BODY_BYTES": CONFIG.api_max_body_bytes,
     "API_MAX_PAYLOAD_BYTES": CONFIG.api_max_payload_bytes,
     "API_MAX_DELAY_DAYS": CONFIG.api_max_delay_days,
+    # The most items one bulk retry or cancel may change.
+    "BULK_MAX_ITEMS": CONFIG.bulk_max_items,
 }
 
 LOGGING = {

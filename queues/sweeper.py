@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queues import counters, lifecycle
+from queues import bulk, counters, lifecycle
 from queues.db import is_postgres, placeholders, to_db_datetime
 from queues.models import (
     FINISHED_STATUSES,
@@ -35,6 +35,8 @@ LOCK_KEY = 7_466_002
 ROUND_RETENTION = timedelta(days=1)
 ROLLUP_RETENTION = timedelta(days=7)
 RUN_RETENTION = timedelta(days=30)
+# A bulk operation's steps run every few seconds; one silent this long lost its worker task.
+BULK_STEP_LOST_AFTER = timedelta(minutes=2)
 
 
 def run(seconds: float = 240.0) -> dict[str, int] | None:
@@ -52,6 +54,8 @@ def run(seconds: float = 240.0) -> dict[str, int] | None:
             if not more or time.monotonic() > deadline:
                 break
         totals["counter deltas folded"] += counters.rollup()
+        totals["bulk operations resumed"] += bulk.resume_lost(
+            timezone.now() - BULK_STEP_LOST_AFTER)
     counts = {action: n for action, n in totals.items() if n}
     SweepRun.objects.create(started_at=started, finished_at=timezone.now(), counts=counts)
     if counts:

@@ -1,0 +1,238 @@
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from queues import bulk, lifecycle, selector
+from queues.models import AuditEntry, BulkOperation, Item, ItemEvent, Status
+from tests.factories import QueueFactory, enqueued, items_in_status
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def queue():
+    return QueueFactory(key="emails")
+
+
+@pytest.fixture
+def small_steps(monkeypatch):
+    monkeypatch.setattr(bulk, "STEP_SIZE", 10)
+
+
+def a_filter(queue, kind, statuses, **extra):
+    now = timezone.now()
+    return bulk.BulkFilter.build(queue, kind, statuses, now - timedelta(days=7),
+                                 now + timedelta(minutes=1), **extra)
+
+
+def confirm(preview, actor="ops"):
+    return bulk.start(preview.filter, expected=preview.eligible,
+                      filter_hash=preview.filter.digest(), actor=actor)
+
+
+def run_to_end(operation):
+    while bulk.step(operation.pk):
+        pass
+    operation.refresh_from_db()
+    return operation
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"kind": "purge"}, "kind"),
+    ({"statuses": []}, "statuses"),
+    ({"statuses": ["failed", "lost"]}, "statuses"),
+    ({"created_to": timezone.now() - timedelta(days=30)}, "created_to"),
+    ({"created_from": timezone.now().replace(tzinfo=None)}, "created_from"),
+])
+def test_it_refuses_a_bad_filter_naming_the_field(queue, changes, field):
+    now = timezone.now()
+    args = {"kind": "retry", "statuses": ["failed"], "created_from": now - timedelta(days=1),
+            "created_to": now} | changes
+    with pytest.raises(bulk.BulkError) as error:
+        bulk.BulkFilter.build(queue, **args)
+    assert field in error.value.fields
+
+
+def test_preview_counts_eligible_and_explains_the_ineligible(queue):
+    items_in_status(queue, "queued", 3, prefix="q")
+    items_in_status(queue, "running", 2, prefix="r")
+    items_in_status(queue, "complete", 1, prefix="c")
+    preview = bulk.preview(a_filter(queue, "cancel", ["queued", "running"]))
+    assert preview.eligible == 3
+    assert preview.ineligible == {
+        "running items are not cancelled mid-flight; they finish on their own": 2}
+    assert preview.matching == 5
+    assert len(preview.sample) == 3
+    assert preview.filter.snapshot_at is not None and preview.filter.max_id
+
+
+def test_preview_of_a_retry_counts_identifiers_live_again_as_ineligible(queue):
+    [failed] = items_in_status(queue, "failed", prefix="order")
+    items_in_status(queue, "failed", 2, prefix="other")
+    lifecycle.enqueue_many(queue.key, [{"account": "acme", "identifier": failed.identifier}])
+    preview = bulk.preview(a_filter(queue, "retry", ["failed"]))
+    assert preview.eligible == 2
+    assert preview.ineligible == {"its identifier is live again on another item": 1}
+
+
+def test_preview_filters_by_account_and_error_text(queue):
+    items_in_status(queue, "failed", 2, account="acme", prefix="a")
+    items_in_status(queue, "failed", 3, account="globex", prefix="g")
+    assert bulk.preview(a_filter(queue, "retry", ["failed"], account="globex")).eligible == 3
+    Item.objects.filter(identifier="g-0").update(last_error="Partner said 503 Unavailable")
+    assert bulk.preview(a_filter(queue, "retry", ["failed"], error_contains="503 unavail")
+                        ).eligible == 1
+
+
+def test_confirming_runs_the_operation_in_steps_and_audits_it(
+        queue, small_steps, django_capture_on_commit_callbacks):
+    items_in_status(queue, "failed", 25)
+    with django_capture_on_commit_callbacks(execute=True):
+        operation = confirm(bulk.preview(a_filter(queue, "retry", ["failed"])))
+    assert OrmQ.objects.count() == 1  # the first step is scheduled on commit
+    operation = run_to_end(operation)
+    assert (operation.state, operation.changed, operation.steps) == ("done", 25, 4)
+    assert Item.objects.filter(queue=queue, status=Status.QUEUED).count() == 25
+    entry = AuditEntry.objects.get(action="bulk.retry")
+    assert entry.counts == {"eligible": 25}
+    assert entry.filter["statuses"] == ["failed"]
+
+
+def test_each_step_commits_on_its_own_and_a_failure_leaves_earlier_steps_applied(
+        queue, small_steps, monkeypatch):
+    items_in_status(queue, "queued", 25)
+    operation = confirm(bulk.preview(a_filter(queue, "cancel", ["queued"])))
+    real_apply = lifecycle.apply
+    calls = Counter()
+
+    def apply_failing_on_the_second_step(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("database went away")
+        return real_apply(*args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "apply", apply_failing_on_the_second_step)
+    bulk.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.state == "failed"
+    assert "database went away" in operation.error
+    assert operation.changed == 10
+    assert Item.objects.filter(queue=queue, status=Status.CANCELLED).count() == 10
+
+
+def test_new_items_after_the_preview_do_not_invalidate_it_and_are_left_alone(queue):
+    items_in_status(queue, "queued", 5, prefix="old")
+    preview = bulk.preview(a_filter(queue, "cancel", ["queued"]))
+    enqueued(queue, 3, prefix="new")
+    operation = run_to_end(confirm(preview))
+    assert operation.changed == 5
+    assert set(Item.objects.filter(identifier__startswith="new").values_list(
+        "status", flat=True)) == {Status.QUEUED}
+
+
+def test_confirming_a_changed_snapshot_answers_with_a_fresh_preview(queue):
+    items = items_in_status(queue, "queued", 5)
+    preview = bulk.preview(a_filter(queue, "cancel", ["queued"]))
+    lifecycle.apply("cancel", [items[0].pk], actor="someone else")
+    with pytest.raises(bulk.StalePreview) as stale:
+        confirm(preview)
+    assert stale.value.fresh.eligible == 4
+    assert not BulkOperation.objects.exists()
+
+
+def test_confirming_an_altered_filter_is_refused(queue):
+    items_in_status(queue, "queued", 2)
+    preview = bulk.preview(a_filter(queue, "cancel", ["queued"]))
+    with pytest.raises(bulk.BulkError, match="does not match"):
+        bulk.start(preview.filter, expected=2, filter_hash="0" * 64, actor="ops")
+
+
+def test_an_operation_over_the_maximum_is_refused(queue, settings):
+    settings.QUEUEADMIN = {**settings.QUEUEADMIN, "BULK_MAX_ITEMS": 3}
+    items_in_status(queue, "queued", 5)
+    preview = bulk.preview(a_filter(queue, "cancel", ["queued"]))
+    assert preview.too_many
+    with pytest.raises(bulk.BulkError, match="more than 3"):
+        confirm(preview)
+
+
+def test_stopping_an_operation_keeps_what_it_did(queue, small_steps):
+    items_in_status(queue, "queued", 25)
+    operation = confirm(bulk.preview(a_filter(queue, "cancel", ["queued"])))
+    assert bulk.step(operation.pk)
+    assert bulk.stop(operation, actor="ops")
+    assert not bulk.step(operation.pk)
+    operation.refresh_from_db()
+    assert (operation.state, operation.changed) == ("stopped", 10)
+    assert not bulk.step(operation.pk)
+    assert Item.objects.filter(queue=queue, status=Status.QUEUED).count() == 15
+    assert AuditEntry.objects.filter(action="bulk.stop").exists()
+
+
+def test_a_lost_step_is_resumed_and_the_operation_finishes(queue, small_steps):
+    items_in_status(queue, "queued", 25)
+    operation = confirm(bulk.preview(a_filter(queue, "cancel", ["queued"])))
+    bulk.step(operation.pk)  # then its worker dies: nothing schedules the next step
+    OrmQ.objects.all().delete()
+    assert bulk.resume_lost(timezone.now() - timedelta(minutes=2)) == 0
+    assert bulk.resume_lost(timezone.now() + timedelta(seconds=1)) == 1
+    assert OrmQ.objects.count() == 1
+    bulk.run(operation.pk)
+    operation.refresh_from_db()
+    assert (operation.state, operation.changed) == ("done", 25)
+
+
+def test_repeating_a_step_neither_skips_nor_repeats_items(queue, small_steps):
+    items_in_status(queue, "failed", 15)
+    operation = confirm(bulk.preview(a_filter(queue, "retry", ["failed"])))
+    run_to_end(operation)
+    assert not bulk.step(operation.pk)
+    requeued = Counter(ItemEvent.objects.filter(transition="requeued").values_list(
+        "item_id", flat=True))
+    assert len(requeued) == 15 and set(requeued.values()) == {1}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_bulk_cancel_racing_the_selector_loses_no_update():
+    queue = QueueFactory(key="race", batch_size=50, concurrency=1_000_000)
+    for offset in range(0, 2000, 1000):
+        lifecycle.enqueue_many(queue.key, [
+            {"account": f"acct-{n % 40}", "identifier": f"race-{n}"}
+            for n in range(offset, offset + 1000)])
+    operation = confirm(bulk.preview(a_filter(queue, "cancel", ["queued", "dispatched"])))
+    done = threading.Event()
+
+    def select():
+        try:
+            while not done.is_set():
+                selector.run_round(queue)
+        finally:
+            connection.close()
+
+    racer = threading.Thread(target=select)
+    racer.start()
+    try:
+        run_to_end(operation)
+    finally:
+        done.set()
+        racer.join()
+    statuses = Counter(Item.objects.filter(queue=queue).values_list("status", flat=True))
+    assert set(statuses) <= {Status.CANCELLED, Status.DISPATCHED}
+    assert statuses[Status.CANCELLED] == operation.changed
+    events = Counter(ItemEvent.objects.filter(queue_id=queue.pk).values_list(
+        "transition", flat=True))
+    assert events["cancelled"] == statuses[Status.CANCELLED]
+    # An item the selector dispatched after the bulk cancelled it would show both: none does.
+    dispatched_then_cancelled = ItemEvent.objects.filter(
+        queue_id=queue.pk, transition="dispatched",
+        item_id__in=Item.objects.filter(queue=queue, status=Status.CANCELLED).values("id"),
+        at__gt=timezone.now() - timedelta(hours=1)).exclude(item_id__in=ItemEvent.objects.filter(
+            queue_id=queue.pk, transition="cancelled", from_status=Status.DISPATCHED).values(
+            "item_id"))
+    assert not dispatched_then_cancelled.exists()
