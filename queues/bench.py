@@ -388,3 +388,60 @@ def run_api(*, batched_items: int, single_items: int, clients: int, server_worke
         processes.stop([server])
         tokens.revoke(token, actor="bench")
     return report
+
+
+# --- pages -------------------------------------------------------------------------------------
+
+def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
+    """Server time of the dashboard pages on a seeded queue: each page requested through
+    Django's full request path (middleware, session, view, template; no network) by a signed-in
+    Viewer. Reports p50/p95 per page and the SQL statements each page ran."""
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from queues import dashboard
+    from queues.permissions import VIEWER
+
+    queue = Queue.objects.get(key=queue_key)
+    user, _ = User.objects.get_or_create(username="bench-viewer")
+    user.groups.add(Group.objects.get(name=VIEWER))
+    client = Client(HTTP_HOST="localhost")
+    client.force_login(user)
+    now = timezone.now()
+    data = {"status": [], "cursor": None}
+    for _ in range(49):  # the cursor of page 50, walked as a person clicking "Older" would
+        data["cursor"] = dashboard.parse_cursor(dashboard.item_page(queue, data, now).next_cursor)
+    deep = f"{dashboard._micros(data['cursor'][0])}-{data['cursor'][1]}"
+    failed = (Item.objects.filter(queue=queue, status="failed").order_by("-created_at", "-id")
+              .values_list("pk", flat=True).first())
+    base = f"/queues/{queue.key}/"
+    pages = {
+        "overview": "/",
+        "item browser, first page": base,
+        "filtered (failed, last 24 h)": f"{base}?status=failed&period=24h",
+        "50 pages deep (keyset)": f"{base}?before={deep}",
+        "item detail (failed item)": f"/items/{failed}/",
+        "errors view": f"{base}errors/",
+        "accounts view": f"{base}accounts/",
+    }
+    report = Report("pages", {"queue": queue_key, "requests": requests,
+                              "items": sum(counters.status_counts([queue.pk])[queue.pk]
+                                           .values())})
+    for name, url in pages.items():
+        for _ in range(3):  # warm the caches and the connection
+            assert client.get(url).status_code == 200, url
+        timings = []
+        for _ in range(requests):
+            started = time.perf_counter()
+            response = client.get(url)
+            timings.append((time.perf_counter() - started) * 1000)
+            assert response.status_code == 200, url
+        with CaptureQueriesContext(connection) as queries:
+            client.get(url)
+        report.add(f"{name} p50", percentile(timings, 0.5), "ms")
+        report.add(f"{name} p95", percentile(timings, 0.95), "ms")
+        report.add(f"{name} SQL queries", len(queries), "queries")
+        log(f"{name}: p50 {percentile(timings, 0.5):.1f} ms, "
+            f"p95 {percentile(timings, 0.95):.1f} ms, {len(queries)} queries")
+    return report

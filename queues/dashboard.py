@@ -35,7 +35,7 @@ PAGE_SIZE = 50
 EXACT_COUNT_LIMIT = 10_000
 CHART_MINUTES = 60
 TIMING_SAMPLE = 200  # finished items per queue behind the wait and run time percentiles
-ERROR_SAMPLE = 2_500  # newest failing items per status that the errors view groups
+ERROR_SAMPLE = 1_000  # newest failing items per status that the errors view groups
 SERVICE_ROUNDS = 20  # selector rounds behind "served recently" and the share of service
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 PREFIX_END = "\U0010ffff"  # sorts after every character: [prefix, prefix + this) is a prefix
@@ -352,13 +352,16 @@ def normalise_error(error: str) -> tuple[str, str]:
 def error_groups(queue: Queue) -> tuple[list[ErrorGroup], int]:
     """Groups the newest failing items (retry and failed). Returns (groups, items read)."""
     groups: dict[tuple[str, str], ErrorGroup] = {}
+    normalised: dict[str, tuple[str, str]] = {}  # failures repeat: normalise each text once
     read = 0
     for status in (Status.RETRY, Status.FAILED):
         rows = (Item.objects.filter(queue=queue, status=status).order_by("-created_at", "-id")
                 .values_list("last_error", "account", "updated_at")[:ERROR_SAMPLE])
         for error, account, updated in rows:
             read += 1
-            kind, message = normalise_error(error)
+            if error not in normalised:
+                normalised[error] = normalise_error(error)
+            kind, message = normalised[error]
             group = groups.setdefault((kind, message), ErrorGroup(kind, message,
                                                                   sample_error=error[:2000]))
             group.count += 1

@@ -5,7 +5,8 @@ from queues import bench
 
 
 class Command(BaseCommand):
-    help = "Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, throughput, api."
+    help = ("Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, throughput, api, "
+            "pages.")
 
     def add_arguments(self, parser):
         scenarios = parser.add_subparsers(dest="scenario", required=True)
@@ -36,6 +37,10 @@ class Command(BaseCommand):
         api.add_argument("--single-items", type=int, default=5_000)
         api.add_argument("--clients", type=int, default=4)
         api.add_argument("--server-workers", type=int, default=2)
+        pages = scenarios.add_parser(
+            "pages", help="Server time and SQL queries of the dashboard pages (seed first).")
+        pages.add_argument("--queue", default="bench-0", help="a seeded queue")
+        pages.add_argument("--requests", type=int, default=50, help="timed requests per page")
 
     def handle(self, *args, scenario, **options):
         if settings.DEBUG:
@@ -46,6 +51,11 @@ class Command(BaseCommand):
                 datasets=options["dataset"] or list(bench.SELECTOR_DATASETS),
                 rounds=options["rounds"], fairness_rounds=options["fairness_rounds"],
                 log=self.stdout.write)
+        elif scenario == "pages":
+            if options["requests"] < 1:
+                raise CommandError("--requests must be at least 1")
+            report = bench.run_pages(queue_key=options["queue"], requests=options["requests"],
+                                     log=self.stdout.write)
         elif options["items"] < 1:
             raise CommandError("--items must be at least 1")
         elif scenario == "api":

@@ -1,0 +1,21 @@
+"""`manage.py bench pages` on a small queue: every page answers, figures are reported."""
+
+import pytest
+
+from queues import bench, dashboard
+from tests.factories import QueueFactory, enqueued, items_in_status
+
+pytestmark = pytest.mark.django_db
+
+
+def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatch):
+    settings.ALLOWED_HOSTS = ["localhost"]
+    queue = QueueFactory(key="bench-pages")
+    enqueued(queue, 120)  # 50 pages deep needs more than 49 pages of items
+    items_in_status(queue, "failed", 2)
+    monkeypatch.setattr(dashboard, "PAGE_SIZE", 2)
+    report = bench.run_pages(queue_key="bench-pages", requests=2, log=lambda _: None)
+    names = [name for name, _, _ in report.figures]
+    assert len(names) == 21
+    assert "50 pages deep (keyset) p95" in names and "errors view SQL queries" in names
+    assert all(value > 0 for _, value, _ in report.figures)
