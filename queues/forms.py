@@ -86,3 +86,47 @@ def _time_zone_choices():
 
 class TimeZoneForm(forms.Form):
     time_zone = forms.ChoiceField(choices=_time_zone_choices, label="Time zone")
+
+
+class BulkForm(forms.Form):
+    """What to retry or cancel: enqueue-time range (a preset becomes absolute times when the
+    preview is made), statuses, and optional account and error text."""
+
+    kind = forms.ChoiceField(choices=[("retry", "Retry"), ("cancel", "Cancel")],
+                             widget=forms.RadioSelect, label="Action")
+    status = forms.MultipleChoiceField(choices=Status.choices, widget=forms.CheckboxSelectMultiple)
+    period = forms.ChoiceField(label="Enqueued", choices=[
+        ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
+        ("custom", "From / to")])
+    created_from = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL,
+                                       label="From", widget=forms.DateTimeInput(
+                                           attrs={"type": "datetime-local"}))
+    created_to = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL, label="To",
+                                     widget=forms.DateTimeInput(
+                                         attrs={"type": "datetime-local"}))
+    account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
+    error = forms.CharField(required=False, max_length=200, label="Error contains")
+
+    def clean(self):
+        data = super().clean()
+        period = data.get("period")
+        if period in PERIODS:
+            data["created_to"] = timezone.now()
+            data["created_from"] = data["created_to"] - PERIODS[period]
+        elif period == "custom":
+            for name in ("created_from", "created_to"):
+                if not data.get(name):
+                    self.add_error(name, "Required for a custom range.")
+        start, end = data.get("created_from"), data.get("created_to")
+        if start and end and start >= end:
+            self.add_error("created_to", "Must be after From.")
+        return data
+
+
+class BulkConfirmForm(forms.Form):
+    """A preview's frozen filter (signed, so it comes back as it was sent), its hash and the
+    eligible count the operator saw."""
+
+    frozen = forms.CharField(widget=forms.HiddenInput, max_length=4000)
+    filter_hash = forms.CharField(widget=forms.HiddenInput, max_length=64)
+    expected = forms.IntegerField(widget=forms.HiddenInput, min_value=0)

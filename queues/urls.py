@@ -1,12 +1,16 @@
 from django.urls import path
 
-from queues import views
+from queues import bulk_views, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("queues/<str:key>/", views.queue_items, name="queue_items"),
     path("queues/<str:key>/errors/", views.queue_errors, name="queue_errors"),
     path("queues/<str:key>/accounts/", views.queue_accounts, name="queue_accounts"),
+    path("queues/<str:key>/bulk/", bulk_views.bulk_page, name="bulk"),
+    path("queues/<str:key>/bulk/start/", bulk_views.bulk_start, name="bulk_start"),
+    path("queues/<str:key>/bulk/<int:pk>/", bulk_views.bulk_operation, name="bulk_operation"),
+    path("queues/<str:key>/bulk/<int:pk>/stop/", bulk_views.bulk_stop, name="bulk_stop"),
     path("items/<int:pk>/", views.item_detail, name="item_detail"),
     path("items/<int:pk>/<slug:action>/", views.item_action, name="item_action"),
     path("search/", views.search, name="search"),

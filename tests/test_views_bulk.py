@@ -1,0 +1,131 @@
+import re
+
+import pytest
+from django.core import signing
+
+from queues import bulk, lifecycle
+from queues.bulk_views import SIGNING_SALT
+from queues.models import AuditEntry, BulkOperation, Item, Status
+from tests.factories import QueueFactory, items_in_status
+
+pytestmark = pytest.mark.django_db
+PREVIEW = {"kind": "retry", "status": ["failed"], "period": "7d", "preview": "1"}
+
+
+@pytest.fixture
+def queue():
+    return QueueFactory(key="emails")
+
+
+def confirmation(response) -> dict:
+    html = response.content.decode()
+    return {name: re.search(rf'name="{name}" value="([^"]*)"', html).group(1)
+            for name in ("frozen", "filter_hash", "expected")}
+
+
+def test_an_operator_previews_eligible_and_ineligible_counts(role_client, queue):
+    items_in_status(queue, "failed", 3)
+    items_in_status(queue, "queued", 2, prefix="q")
+    response = role_client("Operator").get(
+        "/queues/emails/bulk/", {**PREVIEW, "status": ["failed", "queued"]})
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Eligible</dt><dd>3" in html
+    assert "queued items cannot be retried" in html.lower()
+    assert 'name="frozen"' in html and not BulkOperation.objects.exists()
+
+
+def test_a_preview_with_a_bad_range_answers_422_and_writes_nothing(role_client, queue):
+    response = role_client("Operator").get("/queues/emails/bulk/", {
+        **PREVIEW, "period": "custom", "created_from": "2026-01-02T00:00",
+        "created_to": "2026-01-01T00:00"})
+    assert response.status_code == 422
+    assert "Must be after From" in response.content.decode()
+    assert not BulkOperation.objects.exists()
+
+
+def test_a_viewer_sees_no_bulk_form_and_cannot_start(role_client, queue):
+    items_in_status(queue, "failed", 1)
+    client = role_client("Viewer")
+    page = client.get("/queues/emails/bulk/", PREVIEW)
+    assert page.status_code == 200
+    assert "bulk-form" not in page.content.decode()
+    assert client.post("/queues/emails/bulk/start/", {}).status_code == 403
+
+
+def test_confirming_starts_the_operation_and_shows_its_progress(
+        role_client, queue, django_capture_on_commit_callbacks):
+    items_in_status(queue, "failed", 3)
+    client = role_client("Operator")
+    preview = client.get("/queues/emails/bulk/", PREVIEW)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/queues/emails/bulk/start/", confirmation(preview))
+    operation = BulkOperation.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == f"/queues/emails/bulk/{operation.pk}/"
+    bulk.run(operation.pk)
+    progress = client.get(response["Location"], HTTP_HX_REQUEST="true")
+    assert "Done" in progress.content.decode()
+    assert "hx-trigger" not in progress.content.decode()  # finished: polling stops
+    assert Item.objects.filter(status=Status.QUEUED).count() == 3
+    assert AuditEntry.objects.filter(action="bulk.retry", actor_name="operator-user").exists()
+
+
+def test_confirming_a_changed_snapshot_answers_409_with_the_fresh_counts(role_client, queue):
+    failed = items_in_status(queue, "failed", 3)
+    client = role_client("Operator")
+    preview = client.get("/queues/emails/bulk/", PREVIEW)
+    lifecycle.apply("requeue", [failed[0].pk], actor="someone else")
+    response = client.post("/queues/emails/bulk/start/", confirmation(preview),
+                           HTTP_HX_REQUEST="true")
+    assert response.status_code == 409
+    assert "Eligible</dt><dd>2" in response.content.decode()
+    assert not BulkOperation.objects.exists()
+
+
+def test_an_altered_confirmation_is_refused(role_client, queue):
+    items_in_status(queue, "failed", 3)
+    client = role_client("Operator")
+    fields = confirmation(client.get("/queues/emails/bulk/", PREVIEW))
+    frozen = signing.loads(fields["frozen"], salt=SIGNING_SALT)
+    frozen["statuses"] = ["failed", "complete"]
+    tampered = fields | {"frozen": signing.dumps(frozen, salt="another salt")}
+    assert client.post("/queues/emails/bulk/start/", tampered).status_code == 400
+    assert not BulkOperation.objects.exists()
+
+
+def test_a_confirmation_for_another_queue_is_refused(role_client, queue):
+    items_in_status(queue, "failed", 1)
+    QueueFactory(key="billing")
+    client = role_client("Operator")
+    fields = confirmation(client.get("/queues/emails/bulk/", PREVIEW))
+    assert client.post("/queues/billing/bulk/start/", fields).status_code == 400
+
+
+def test_stop_button_stops_a_running_operation(role_client, queue):
+    items_in_status(queue, "queued", 3)
+    client = role_client("Operator")
+    preview = client.get("/queues/emails/bulk/", {**PREVIEW, "kind": "cancel",
+                                                  "status": ["queued"]})
+    client.post("/queues/emails/bulk/start/", confirmation(preview))
+    operation = BulkOperation.objects.get()
+    response = client.post(f"/queues/emails/bulk/{operation.pk}/stop/", HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    operation.refresh_from_db()
+    assert operation.state == "stopping"
+    assert not bulk.step(operation.pk)
+    operation.refresh_from_db()
+    assert operation.state == "stopped"
+
+
+def test_the_bulk_page_refuses_get_for_start_and_stop(role_client, queue):
+    client = role_client("Operator")
+    assert client.get("/queues/emails/bulk/start/").status_code == 405
+    assert client.get("/queues/emails/bulk/1/stop/").status_code == 405
+
+
+def test_payload_like_text_in_the_filter_is_escaped(role_client, queue):
+    items_in_status(queue, "failed", 1)
+    response = role_client("Operator").get(
+        "/queues/emails/bulk/", {**PREVIEW, "error": '<script>alert(1)</script>'})
+    assert "<script>alert(1)</script>" not in response.content.decode()
