@@ -7,6 +7,7 @@ urlpatterns = [
     path("queues/<str:key>/", views.queue_items, name="queue_items"),
     path("queues/<str:key>/errors/", views.queue_errors, name="queue_errors"),
     path("queues/<str:key>/accounts/", views.queue_accounts, name="queue_accounts"),
+    path("queues/<str:key>/counts/", views.queue_counts, name="queue_counts"),
     path("queues/<str:key>/bulk/", bulk_views.bulk_page, name="bulk"),
     path("queues/<str:key>/bulk/start/", bulk_views.bulk_start, name="bulk_start"),
     path("queues/<str:key>/bulk/<int:pk>/", bulk_views.bulk_operation, name="bulk_operation"),

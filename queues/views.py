@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import trigger_client_event
 
-from queues import audit, dashboard, lifecycle, selector, sweeper
+from queues import audit, counters, dashboard, lifecycle, selector, sweeper
 from queues.forms import (
     AccountsForm,
     ItemFilterForm,
@@ -80,8 +80,12 @@ def queue_items(request, key):
 def item_detail(request, pk):
     item = get_object_or_404(Item.objects.select_related("queue"), pk=pk)
     now = timezone.now()
-    return _page_or_fragment(request, "queues/item_detail.html", "queues/_item_summary.html",
-                             {"detail": dashboard.item_detail(item, now), "now": now})
+    if request.htmx:
+        return render(request, "queues/_item_summary.html",
+                      {"detail": dashboard.item_detail(item, now), "now": now})
+    return render(request, "queues/item_detail.html", {
+        "detail": dashboard.item_detail(item, now), "now": now,
+        "queue_counts": counters.status_counts([item.queue_id])[item.queue_id]})
 
 
 @require_POST
@@ -107,6 +111,16 @@ def item_action(request, pk, action):
                       {"detail": dashboard.item_detail(item, now), "now": now,
                        "message": message, "message_ok": done}, status=200 if done else 409)
     return trigger_client_event(response, CHANGED_EVENT, {"item": pk})
+
+
+@require_GET
+@viewer_required
+def queue_counts(request, key):
+    """The queue's counts strip; pages re-fetch it after an action and on every tick."""
+    queue = get_object_or_404(Queue, key=key)
+    return render(request, "queues/_queue_counts.html", {
+        "queue": queue, "counts": counters.status_counts([queue.pk])[queue.pk],
+        "now": timezone.now()})
 
 
 @require_GET

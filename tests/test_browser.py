@@ -171,10 +171,13 @@ def test_open_an_item_with_a_traceback_and_retry_it_without_a_reload(page_as, ax
     page.get_by_text("Traceback", exact=True).click()
     expect(page.locator("pre.traceback")).to_contain_text("HTTPError: 503 Server Error")
     check_accessibility(page, axe_source, "item-detail")
+    expect(page.locator("#queue-counts")).to_contain_text("1 dead letters")
     page.evaluate("window.notReloaded = true")
     page.get_by_role("button", name="Retry").click()
     expect(page.locator("#item-status")).to_have_text("Queued")
     expect(page.get_by_text("Retry: done.")).to_be_visible()
+    # The action's HX-Trigger makes the counts strip fetch itself again.
+    expect(page.locator("#queue-counts")).to_contain_text("0 dead letters")
     assert page.evaluate("window.notReloaded") is True
 
 

@@ -134,3 +134,14 @@ def test_viewer_cannot_act_and_actions_are_post_only(role_client, queue):
     assert Item.objects.get(pk=item.pk).status == "failed"
     assert role_client("Operator").get(f"/items/{item.pk}/retry/").status_code == 405
     assert role_client("Operator").post(f"/items/{item.pk}/explode/").status_code == 404
+
+
+def test_detail_has_a_counts_strip_that_refreshes_after_actions(role_client, queue):
+    item = item_in_status(queue, "failed")
+    client = role_client("Operator")
+    html = client.get(f"/items/{item.pk}/").content.decode()
+    assert 'id="queue-counts"' in html and "queueadmin:changed from:body" in html
+    assert "1 dead letters" in html
+    client.post(f"/items/{item.pk}/retry/", HTTP_HX_REQUEST="true")
+    strip = client.get("/queues/emails/counts/", HTTP_HX_REQUEST="true").content.decode()
+    assert "0 dead letters" in strip and "1 queued" in strip
