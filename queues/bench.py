@@ -11,6 +11,7 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -444,4 +445,93 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
         report.add(f"{name} SQL queries", len(queries), "queries")
         log(f"{name}: p50 {percentile(timings, 0.5):.1f} ms, "
             f"p95 {percentile(timings, 0.95):.1f} ms, {len(queries)} queries")
+    return report
+
+
+# --- bulk --------------------------------------------------------------------------------------
+
+def _bulk_backlog(queue: Queue, status: str, items: int, days: int):
+    """`items` items in `status`, enqueued over the last `days` days (bench set-up only: one
+    INSERT ... SELECT, then the queue's counters set from an exact count)."""
+    from queues.models import StatusCount
+
+    run = f"b{int(time.time() * 1000):x}"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {Item._meta.db_table} (queue_id, account, identifier, payload, "
+            "priority, status, previous_status, attempts, run_at, last_error, created_at, "
+            "updated_at, finished_at) "
+            "SELECT %s, 'acct-' || lpad((n %% 1000)::text, 4, '0'), %s || '-' || n, '{}', 0, %s, "
+            "'', 1, now(), CASE WHEN %s = 'failed' THEN 'partner answered 503' ELSE '' END, "
+            "now() - (n::float / %s) * make_interval(days => %s), now(), "
+            "CASE WHEN %s = 'failed' THEN now() ELSE NULL END "
+            "FROM generate_series(1, %s) AS n",
+            [queue.pk, run, status, status, items, days, status, items])
+    for status_, count in counters.exact_counts([queue.pk])[queue.pk].items():
+        StatusCount.objects.update_or_create(queue=queue, status=status_,
+                                             defaults={"count": count})
+
+
+def _time_rounds_until(queue: Queue, done: threading.Event, latencies: list[float]):
+    """In a thread: selector rounds until `done` is set (its own database connection)."""
+    try:
+        while not done.is_set():
+            latencies.extend(_time_rounds(queue, 5))
+    finally:
+        connection.close()
+
+
+def run_bulk(*, items: int, selector_rounds: int, log=print) -> Report:
+    """Bulk retry of `items` failed items in a 7-day range, then bulk cancel of `items` queued
+    items, each run step by step here; while they run, selector rounds on the 1M-item selector
+    data set are timed and compared with its idle rounds."""
+    from queues import bulk
+
+    if connection.vendor != "postgresql":
+        raise RuntimeError("bench bulk needs PostgreSQL")
+    report = Report("bulk", {"items": items})
+    sel_queue = Queue.objects.filter(key="bench-sel-1m-items-10k-accounts").first()
+    if sel_queue is None:
+        raise RuntimeError("run `bench selector --dataset 1m-items-10k-accounts` first")
+    idle = _time_rounds(sel_queue, selector_rounds)
+    report.add("selector round p95 idle", percentile(idle, 0.95), "ms")
+    now = timezone.now()
+    for kind, status in (("retry", "failed"), ("cancel", "queued")):
+        queue = bench_queue(f"bench-bulk-{kind}", paused=True)
+        Item.objects.filter(queue=queue).delete()
+        _bulk_backlog(queue, status, items, days=6)
+        started = time.perf_counter()
+        bulk_filter = bulk.BulkFilter.build(queue, kind, [status], now - timedelta(days=7),
+                                            timezone.now() + timedelta(minutes=1))
+        preview = bulk.preview(bulk_filter)
+        preview_ms = (time.perf_counter() - started) * 1000
+        operation = bulk.start(preview.filter, expected=preview.eligible,
+                               filter_hash=preview.filter.digest(), actor="bench")
+        steps: list[float] = []
+        during: list[float] = []
+        done = threading.Event()
+
+        racer = threading.Thread(target=_time_rounds_until, args=(sel_queue, done, during))
+        racer.start()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                go_on = bulk.step(operation.pk)
+                steps.append((time.perf_counter() - t0) * 1000)
+                if not go_on:
+                    break
+        finally:
+            done.set()
+            racer.join()
+        total = time.perf_counter() - started
+        operation.refresh_from_db()
+        log(f"bulk {kind}: {operation.changed} changed in {total:.1f} s, {len(steps)} steps")
+        report.add(f"{kind}: items changed", operation.changed, "items")
+        report.add(f"{kind}: preview", preview_ms, "ms")
+        report.add(f"{kind}: total time", total, "s")
+        report.add(f"{kind}: longest step (one transaction)", max(steps), "ms")
+        report.add(f"{kind}: step p50", statistics.median(steps), "ms")
+        if during:
+            report.add(f"{kind}: selector round p95 during", percentile(during, 0.95), "ms")
+        Item.objects.filter(queue=queue).delete()
     return report

@@ -31,6 +31,10 @@ class Command(BaseCommand):
         throughput.add_argument("--clusters", type=int, default=2)
         throughput.add_argument("--bare-items", type=int, default=2000)
         throughput.add_argument("--timeout", type=float, default=600)
+        bulk = scenarios.add_parser(
+            "bulk", help="Bulk retry and cancel of 100k items while the selector runs.")
+        bulk.add_argument("--items", type=int, default=100_000)
+        bulk.add_argument("--selector-rounds", type=int, default=100)
         api = scenarios.add_parser(
             "api", help="Items/s accepted through the JSON API over real HTTP.")
         api.add_argument("--items", type=int, default=100_000, help="items sent in batches")
@@ -58,6 +62,10 @@ class Command(BaseCommand):
                                      log=self.stdout.write)
         elif options["items"] < 1:
             raise CommandError("--items must be at least 1")
+        elif scenario == "bulk":
+            report = bench.run_bulk(items=options["items"],
+                                    selector_rounds=options["selector_rounds"],
+                                    log=self.stdout.write)
         elif scenario == "api":
             report = bench.run_api(
                 batched_items=options["items"], single_items=options["single_items"],
