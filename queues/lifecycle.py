@@ -35,6 +35,7 @@ from queues.models import (
     Queue,
     Status,
 )
+from queues.stream import notify_events_written
 
 BATCH_LIMIT = 1000  # rows per statement: keeps statements and transactions short
 ERROR_LIMIT = 10_000  # characters of an error message kept on the item and attempt
@@ -325,6 +326,7 @@ def _record_enqueued(queue: Queue, items: list[Item], now: datetime, actor: str)
          actor, "")
         for item in items
     ])
+    notify_events_written()
     counters.record({(queue.pk, Status.QUEUED): len(items)}, now)
 
 
@@ -517,6 +519,7 @@ def _record(transition_: Transition, changed: list[Changed], now: datetime, acto
          transition_.target, row.attempts, at, actor, error(row))
         for row in changed
     ])
+    notify_events_written()
     deltas: Counter = Counter()
     for row in changed:
         deltas[(row.queue_id, row.from_status)] -= 1
