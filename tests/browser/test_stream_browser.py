@@ -1,0 +1,172 @@
+"""The live stream in Debian's headless Chromium against a uvicorn child process on a database of
+its own: rows arrive in order as items are enqueued through the JSON API, pause holds them,
+resume shows them in order, and after a server restart the page carries on from the last row
+it showed, without gaps or duplicates.
+
+Fixtures are this module's own (names prefixed stream_): the restart needs a server the test
+can stop and start on the same port, which the dashboard's module-scoped server is not."""
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import requests
+from django.conf import settings
+from django.db import connection
+
+from queues import processes
+from tests.browser.seed import PASSWORD
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+WAIT_MS = 15_000
+
+if not Path(CHROMIUM).exists():
+    pytest.skip("Debian chromium is not installed (apt-get install chromium)",
+                allow_module_level=True)
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture(scope="module")
+def stream_env(tmp_path_factory):
+    """Environment of the server and of the commands run on its database."""
+    if connection.vendor != "postgresql":
+        url = f"sqlite:///{tmp_path_factory.mktemp('stream-browser') / 'db.sqlite3'}"
+    else:
+        import psycopg
+
+        db = connection.settings_dict
+        name = f"{db['NAME']}_stream_{uuid.uuid4().hex[:6]}"
+        admin = {"host": db["HOST"], "port": db["PORT"] or 5432, "user": db["USER"],
+                 "password": db["PASSWORD"] or None, "dbname": "postgres", "autocommit": True}
+        with psycopg.connect(**admin) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        url = urlunsplit(urlsplit(processes.database_url())._replace(path=f"/{name}"))
+    env = {"DATABASE_URL": url, "QUEUEADMIN_ENV": "development", "DEBUG": "true",
+           "DJANGO_SETTINGS_MODULE": "queueadmin.settings"}
+    run(env, "manage.py", "migrate", "--noinput", "-v0")
+    run(env, "-c", "import django; django.setup(); from tests.browser.seed import seed; seed()")
+    yield env
+    if connection.vendor == "postgresql":
+        with psycopg.connect(**admin) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def run(env: dict, *args: str) -> str:
+    return subprocess.run([sys.executable, *args], env=os.environ | env, check=True,  # noqa: S603
+                          cwd=settings.BASE_DIR, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def stream_server(stream_env):
+    """Start, stop and start again on the same port."""
+
+    class Server:
+        port = processes.free_port()
+        process = None
+
+        @property
+        def url(self):
+            return f"http://127.0.0.1:{self.port}"
+
+        def start(self):
+            self.process = processes.start_web(self.port, env=stream_env)
+
+        def stop(self):
+            processes.stop([self.process])
+
+    server = Server()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def stream_api(stream_env, stream_server):
+    secret = run(stream_env, "manage.py", "create_api_token", "stream-test", "--queue", "emails")
+
+    def post(identifier: str):
+        response = requests.post(
+            f"{stream_server.url}/api/v1/queues/emails/items",
+            json={"account": "tenant-9", "identifier": identifier},
+            headers={"Authorization": f"Bearer {secret}"}, timeout=10)
+        assert response.status_code == 201, response.text
+
+    return post
+
+
+@pytest.fixture
+def stream_page(stream_server):
+    problems = []
+    with playwright_sync.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.on("console", lambda m: problems.append(m.text)
+                if "Content Security Policy" in m.text else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto(f"{stream_server.url}/accounts/login/")
+        page.get_by_label("Username").fill("viewer")
+        page.get_by_label("Password").fill(PASSWORD)
+        page.get_by_role("button", name="Log in").click()
+        page.wait_for_url(f"{stream_server.url}/")
+        yield page
+        browser.close()
+    assert not problems, problems
+
+
+def shown(page) -> list[str]:
+    """Identifiers in the table, top (newest) first."""
+    return page.locator("#stream-rows tr td:nth-child(2) a").all_inner_texts()
+
+
+def event_ids(page) -> list[str]:
+    return page.locator("#stream-rows tr").evaluate_all("rows => rows.map(r => r.dataset.event)")
+
+
+def test_rows_arrive_in_order_pause_resume_and_survive_a_server_restart(
+        stream_page, stream_server, stream_api, stream_env):
+    page, expect = stream_page, playwright_sync.expect
+    page.get_by_role("link", name="Live stream").click()  # the all-queues stream in the main nav
+    expect(page.get_by_role("heading", name="Live stream all queues")).to_be_visible()
+    page.goto(f"{stream_server.url}/queues/emails/stream/")
+    expect(page.locator("#stream-connection")).to_have_text("Live", timeout=WAIT_MS)
+    expect(page.locator("#stream-rows tr").first).to_be_visible(timeout=WAIT_MS)
+    before = shown(page)
+
+    for n in range(3):
+        stream_api(f"live-{n}")
+    expect(page.locator("#stream-rows tr").first).to_contain_text("live-2", timeout=WAIT_MS)
+    assert shown(page)[:3] == ["live-2", "live-1", "live-0"]
+
+    page.get_by_role("button", name="Pause").click()
+    stream_api("held-0")
+    stream_api("held-1")
+    expect(page.locator("#stream-buffered")).to_have_text("2 new events while paused",
+                                                         timeout=WAIT_MS)
+    assert shown(page)[0] == "live-2"
+    page.get_by_role("button", name="Resume").click()
+    assert shown(page)[:2] == ["held-1", "held-0"]
+    expect(page.locator("#stream-buffered")).to_have_text("")
+
+    stream_server.stop()
+    expect(page.locator("#stream-connection")).to_have_text("Connection lost, reconnecting",
+                                                            timeout=WAIT_MS)
+    for n in range(2):  # written while no server runs; the page must still show them
+        run(stream_env, "manage.py", "enqueue", "emails", "--account", "tenant-9",
+            "--identifier", f"offline-{n}")
+    stream_server.start()
+    expect(page.locator("#stream-rows tr").first).to_contain_text("offline-1", timeout=WAIT_MS)
+    expect(page.locator("#stream-connection")).to_have_text("Live")
+    stream_api("after-restart")
+    expect(page.locator("#stream-rows tr").first).to_contain_text("after-restart",
+                                                                 timeout=WAIT_MS)
+
+    new = ["after-restart", "offline-1", "offline-0", "held-1", "held-0", "live-2", "live-1",
+           "live-0"]
+    assert shown(page) == (new + before)[:len(shown(page))]
+    ids = event_ids(page)
+    assert len(ids) == len(set(ids)) and ids == sorted(ids, key=int, reverse=True)
