@@ -27,18 +27,19 @@ def wait_for(condition, seconds):
     assert processes.wait_for(condition, seconds), "timed out"
 
 
-def test_two_clusters_push_items_through_none_lost_none_completed_twice():
+def test_two_clusters_push_10k_items_through_none_lost_none_completed_twice():
+    items = 10_000
     queue = QueueFactory(key="drill", handler="noop", batch_size=60, concurrency=100_000)
-    put(queue, 3000)
+    put(queue, items)
     clusters = bench.start_clusters(2, queue.key)
     try:
         wait_for(lambda: Item.objects.filter(queue=queue, status=Status.COMPLETE).count()
-                 == 3000, 240)
+                 == items, 600)
     finally:
         processes.stop(clusters)
     completions = Counter(ItemEvent.objects.filter(queue_id=queue.pk, transition="completed")
                           .values_list("item_id", flat=True))
-    assert len(completions) == 3000 and set(completions.values()) == {1}
+    assert len(completions) == items and set(completions.values()) == {1}
     assert not Attempt.objects.filter(item__queue=queue).exclude(outcome="complete").exists()
     rounds = list(SelectorRound.objects.filter(queue=queue).order_by("started_at")
                   .values_list("started_at", "duration_ms"))
