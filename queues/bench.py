@@ -535,3 +535,172 @@ def run_bulk(*, items: int, selector_rounds: int, log=print) -> Report:
             report.add(f"{kind}: selector round p95 during", percentile(during, 0.95), "ms")
         Item.objects.filter(queue=queue).delete()
     return report
+
+
+# --- stream ------------------------------------------------------------------------------------
+
+# PostgreSQL publishes a backend's statistics up to 10 s after it goes idle.
+STATS_DELAY = 11
+STREAM_DRIVERS = 4  # threads committing transitions: one alone cannot reach 200/s on PostgreSQL
+
+
+def _database_transactions() -> int | None:
+    """Transactions the database has run (every autocommit query is one); None on SQLite, which
+    keeps no such statistics. PostgreSQL publishes them with up to a second's delay."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                       "WHERE datname = current_database()")
+        return cursor.fetchone()[0] - 1  # this query's own transaction is counted next time
+
+
+def run_stream(*, events: int, clients: int, rate: float, idle_seconds: float,
+               log=print) -> Report:
+    """Latency from the commit of a transition to its row arriving at `clients` SSE clients of
+    a uvicorn process, while one transition per transaction is driven at `rate` per second
+    (items enqueued, dispatched, started, completed: four events each). Also the database
+    transactions per second the clients add, idle and busy (PostgreSQL only)."""
+    import contextlib
+    import re
+
+    import requests
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+
+    from queues.models import ItemEvent
+    from queues.permissions import VIEWER
+
+    report = Report("stream", {"events": events, "clients": clients, "rate": rate})
+    queue = bench_queue("bench-stream", paused=True)  # the driver moves its items itself
+    viewers = Group.objects.get(name=VIEWER)
+    cookies = []
+    for n in range(clients):  # one user each: the per-user cap of open streams stays in force
+        user, _ = User.objects.get_or_create(username=f"bench-stream-{n}")
+        user.groups.add(viewers)
+        browser = Client()
+        browser.force_login(user)
+        cookies.append(browser.cookies["sessionid"].value)
+    items = max(1, events // 4)
+    run = f"s{int(time.time() * 1000):x}"
+
+    def drive() -> tuple[dict, float]:
+        """Commits one transition per transaction at `rate` in all (DRIVERS threads, each on its
+        own connection and at its share of the rate); returns the commit times by
+        (item id, event name) and the rate achieved."""
+        committed: dict[tuple[int, str], float] = {}
+        started = time.perf_counter()
+
+        def driver(offset: int):
+            step = 0
+
+            def pace():
+                nonlocal step
+                delay = started + (offset + step * STREAM_DRIVERS) / rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                step += 1
+
+            def apply(action: str, item_id: int, name: str, **kwargs):
+                pace()
+                lifecycle.apply(action, [item_id], actor="bench", **kwargs)
+                committed[(item_id, name)] = time.perf_counter()
+
+            try:
+                for n in range(offset, items, STREAM_DRIVERS):
+                    pace()
+                    item = lifecycle.enqueue_many(queue.key, [
+                        {"account": f"acct-{n % 50:02d}", "identifier": f"{run}-{n}"}],
+                        actor="bench")[0]
+                    committed[(item.pk, "enqueued")] = time.perf_counter()
+                    apply("dispatch", item.pk, "dispatched")
+                    apply("start", item.pk, "started", expected_attempts={item.pk: 1})
+                    apply("complete", item.pk, "completed", expected_attempts={item.pk: 1})
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=driver, args=(n,)) for n in range(STREAM_DRIVERS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return committed, len(committed) / (time.perf_counter() - started)
+
+    # The driver alone first: its own transactions, subtracted from the busy figure below.
+    time.sleep(STATS_DELAY)  # the set-up's queries are published first
+    before = _database_transactions()
+    drive()
+    time.sleep(STATS_DELAY)
+    driver_transactions = (_database_transactions() - before) if before is not None else None
+
+    port = processes.free_port()
+    server = processes.start_web(port, env={"DEBUG": "false"})
+    url = f"http://127.0.0.1:{port}/queues/{queue.key}/stream/events/"
+    arrivals: list[dict[int, list[float]]] = [{} for _ in range(clients)]
+    connected = threading.Barrier(clients + 1)
+    stop = threading.Event()
+    row_id = re.compile(r'data-event="(\d+)"')
+
+    def listen(index: int):
+        with requests.Session() as session, contextlib.suppress(requests.RequestException):
+            session.cookies.set("sessionid", cookies[index])
+            with session.get(url, stream=True, timeout=(5, 60)) as response:
+                response.raise_for_status()
+                first = True
+                for line in response.iter_lines(chunk_size=None, decode_unicode=True):
+                    if first and line.startswith("event: rows"):
+                        first = False
+                        connected.wait()
+                        continue
+                    if line.startswith("data: "):
+                        now = time.perf_counter()
+                        for event_id in row_id.findall(line):
+                            arrivals[index].setdefault(int(event_id), []).append(now)
+                    if stop.is_set():
+                        return
+
+    threads = [threading.Thread(target=listen, args=(n,), daemon=True) for n in range(clients)]
+    try:
+        for thread in threads:
+            thread.start()
+        connected.wait(timeout=60)
+        log(f"{clients} clients connected; idle for {idle_seconds:.0f} s")
+        time.sleep(STATS_DELAY)  # the connections' own queries are not idle traffic
+        before = _database_transactions()
+        time.sleep(idle_seconds)
+        idle = (_database_transactions() - before) / idle_seconds if before is not None else None
+        first_event = ItemEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+        before = _database_transactions()
+        started = time.perf_counter()
+        committed, achieved = drive()
+        busy_seconds = time.perf_counter() - started
+        time.sleep(STATS_DELAY)  # the last rows arrive, and the statistics are published
+        busy = None
+        if before is not None:
+            busy = (_database_transactions() - before - driver_transactions) / busy_seconds
+        stop.set()
+    finally:
+        processes.stop([server])
+    ids = {(item_id, transition): event_id for event_id, item_id, transition in
+           ItemEvent.objects.filter(queue_id=queue.pk, id__gt=first_event)
+           .values_list("id", "item_id", "transition")}
+    latencies, missing, duplicates = [], 0, 0
+    for received in arrivals:
+        for key, commit_time in committed.items():
+            times = received.get(ids[key], [])
+            missing += not times
+            duplicates += max(0, len(times) - 1)
+            if times:
+                latencies.append((times[0] - commit_time) * 1000)
+    log(f"{len(committed)} events at {achieved:.0f}/s to {clients} clients: "
+        f"{missing} missing, {duplicates} duplicates")
+    report.add("transitions driven", achieved, "events/s")
+    report.add("commit to client p50", percentile(latencies, 0.5), "ms")
+    report.add("commit to client p95", percentile(latencies, 0.95), "ms")
+    report.add("commit to client max", max(latencies), "ms")
+    report.add("events missing at a client", missing, "events")
+    report.add("events shown twice at a client", duplicates, "events")
+    if idle is not None:
+        report.add(f"queries added by {clients} clients, idle", idle, "queries/s")
+        report.add(f"queries added by {clients} clients, busy", busy, "queries/s")
+    return report

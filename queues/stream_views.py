@@ -10,6 +10,7 @@ nothing.
 
 import time
 import zoneinfo
+from collections import OrderedDict
 
 from asgiref.sync import sync_to_async
 from django import forms
@@ -35,6 +36,8 @@ POSITION_EVERY_SECONDS = 1.0  # position-only messages when a filter hides every
 ROW_CAP = 500  # rows kept in the page; older ones are removed as new ones arrive
 PAUSE_BUFFER = 1000  # rows held while paused; beyond it the oldest are dropped and counted
 POLL_SECONDS = 2
+RENDERED_ROWS = 20_000  # rendered rows kept for the other open streams
+_rendered: OrderedDict[tuple[int, bool, str], str] = OrderedDict()
 EVENT_LABELS = {
     "enqueued": "Enqueued",
     "dispatched": "Dispatched",
@@ -72,14 +75,23 @@ def _queue_keys() -> dict[int, str]:
 
 def render_rows(events: list[stream.StreamEvent], queue_keys: dict[int, str],
                 show_queue: bool) -> str:
-    """Escaped table rows, oldest first, one per line."""
-    return "\n".join(
-        render_to_string("queues/_stream_row.html", {
-            "event": event, "label": EVENT_LABELS.get(event.transition, event.transition),
-            "queue_key": queue_keys.get(event.queue_id, ""), "show_queue": show_queue,
-        }).replace("\n", "")
-        for event in events
-    )
+    """Escaped table rows, oldest first, one per line. Each row is rendered once per process
+    and display variant: every open stream shows the same new events."""
+    zone = timezone.get_current_timezone_name()
+    rows = []
+    for event in events:
+        key = (event.id, show_queue, zone)
+        row = _rendered.get(key)
+        if row is None:
+            row = render_to_string("queues/_stream_row.html", {
+                "event": event, "label": EVENT_LABELS.get(event.transition, event.transition),
+                "queue_key": queue_keys.get(event.queue_id, ""), "show_queue": show_queue,
+            }).replace("\n", "")
+            _rendered[key] = row
+            if len(_rendered) > RENDERED_ROWS:
+                _rendered.popitem(last=False)
+        rows.append(row)
+    return "\n".join(rows)
 
 
 @require_GET

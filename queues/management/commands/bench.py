@@ -41,6 +41,12 @@ class Command(BaseCommand):
         api.add_argument("--single-items", type=int, default=5_000)
         api.add_argument("--clients", type=int, default=4)
         api.add_argument("--server-workers", type=int, default=2)
+        live = scenarios.add_parser(
+            "stream", help="Commit-to-browser latency of the live stream over real SSE.")
+        live.add_argument("--events", type=int, default=1000)
+        live.add_argument("--clients", type=int, default=20)
+        live.add_argument("--rate", type=float, default=200, help="transitions per second")
+        live.add_argument("--idle-seconds", type=float, default=10)
         pages = scenarios.add_parser(
             "pages", help="Server time and SQL queries of the dashboard pages (seed first).")
         pages.add_argument("--queue", default="bench-0", help="a seeded queue")
@@ -55,6 +61,13 @@ class Command(BaseCommand):
                 datasets=options["dataset"] or list(bench.SELECTOR_DATASETS),
                 rounds=options["rounds"], fairness_rounds=options["fairness_rounds"],
                 log=self.stdout.write)
+        elif scenario == "stream":
+            if options["events"] < 4 or options["clients"] < 1 or options["rate"] <= 0:
+                raise CommandError("--events must be at least 4, --clients at least 1, "
+                                   "--rate positive")
+            report = bench.run_stream(events=options["events"], clients=options["clients"],
+                                      rate=options["rate"], idle_seconds=options["idle_seconds"],
+                                      log=self.stdout.write)
         elif scenario == "pages":
             if options["requests"] < 1:
                 raise CommandError("--requests must be at least 1")
