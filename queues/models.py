@@ -38,6 +38,10 @@ def default_backoff():
     return list(DEFAULT_BACKOFF_SECONDS)
 
 
+def default_sensitive_keys():
+    return ["password", "secret", "token", "api_key", "authorization"]
+
+
 def default_stale_threshold():
     return timedelta(seconds=settings.QUEUEADMIN["STALE_THRESHOLD_SECONDS"])
 
@@ -84,6 +88,10 @@ class Queue(models.Model):
     alert_depth = models.PositiveIntegerField(default=10_000)
     alert_failures_per_hour = models.PositiveIntegerField(default=50)
     paused = models.BooleanField(default=False, help_text="Drain mode: the selector skips it.")
+    paused_by = models.CharField(max_length=150, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    # Payload keys shown masked to Viewers (matched case-insensitively at any depth).
+    sensitive_keys = models.JSONField(default=default_sensitive_keys, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -111,6 +119,8 @@ class AccountPolicy(models.Model):
     weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     max_in_flight = models.PositiveIntegerField(null=True, blank=True)
     paused = models.BooleanField(default=False)
+    paused_by = models.CharField(max_length=150, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "account policies"
@@ -248,6 +258,8 @@ class ItemEvent(models.Model):
         indexes = [
             # Per-queue live stream: events after a position.
             models.Index(fields=["queue", "id"], name="event_queue_idx"),
+            # Live stream filtered by account: its newest events without scanning the queue's.
+            models.Index(fields=["queue", "account", "id"], name="event_account_idx"),
             # Item detail: its history.
             models.Index(fields=["item", "id"], name="event_item_idx"),
         ]
@@ -453,6 +465,8 @@ class BulkOperation(models.Model):
     class Kind(models.TextChoices):
         RETRY = "retry", "Retry"
         CANCEL = "cancel", "Cancel"
+        REPLAY = "replay", "Replay dead letters"
+        PURGE = "purge", "Purge dead letters"
 
     class State(models.TextChoices):
         RUNNING = "running", "Running"
@@ -499,3 +513,32 @@ class BulkOperation(models.Model):
     @property
     def finished(self) -> bool:
         return self.state in (self.State.STOPPED, self.State.DONE, self.State.FAILED)
+
+
+class GlobalPause(models.Model):
+    """One row (id 1): when paused, the selector dispatches nothing on any queue (drain mode
+    for the whole installation); items are still accepted and running ones finish."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    paused = models.BooleanField(default=False)
+    paused_by = models.CharField(max_length=150, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return "paused" if self.paused else "running"
+
+
+class ClusterHeartbeat(models.Model):
+    """A django-q2 worker cluster's latest sign of life, written by the cluster itself: the
+    workers page and /healthz read this table, not a per-process cache."""
+
+    cluster = models.CharField(max_length=100, primary_key=True)  # host:pid of the cluster
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    workers = models.PositiveSmallIntegerField(default=0)
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField(db_index=True)
+    running = models.JSONField(default=list, blank=True)  # what its workers run now
+
+    def __str__(self):
+        return f"cluster {self.cluster} at {self.beat_at:%H:%M:%S}"
