@@ -23,6 +23,7 @@ from queues.fairness import plan_batch
 from queues.models import (
     IN_FLIGHT_STATUSES,
     AccountPolicy,
+    GlobalPause,
     Item,
     Queue,
     SelectorRound,
@@ -64,9 +65,9 @@ def run_round(queue: Queue) -> Round:
         # Timed from holding the lock to just before commit, so recorded rounds of one queue
         # never overlap.
         started, now = time.perf_counter(), timezone.now()
-        previous_cursor = _refresh_settings(queue)
-        if queue.paused:
-            result.skipped = "paused"
+        previous_cursor, globally_paused = _refresh_settings(queue)
+        if queue.paused or globally_paused:
+            result.skipped = "paused globally" if globally_paused else "paused"
             return result
         result.capacity = _capacity(queue, now)
         if result.capacity <= 0:
@@ -120,17 +121,19 @@ def tick(seconds: float = 50.0, idle_sleep: float = 1.0) -> dict[str, int]:
     return dict(taken)
 
 
-def _refresh_settings(queue: Queue) -> str:
+def _refresh_settings(queue: Queue) -> tuple[str, bool]:
     """Re-read what an admin may have changed since the queue was loaded (pause, sizes), with
-    the cursor, in one statement. Returns the cursor."""
+    the cursor and the global pause, in one statement. Returns (cursor, globally paused)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT q.paused, q.batch_size, q.concurrency, q.rate_limit_per_minute, s.cursor "
+            f"SELECT q.paused, q.batch_size, q.concurrency, q.rate_limit_per_minute, s.cursor, "
+            f"COALESCE(g.paused, %s) "
             f"FROM {Queue._meta.db_table} q LEFT JOIN {SelectorState._meta.db_table} s "
-            f"ON s.queue_id = q.id WHERE q.id = %s", [queue.pk])
+            f"ON s.queue_id = q.id LEFT JOIN {GlobalPause._meta.db_table} g ON g.id = 1 "
+            f"WHERE q.id = %s", [False, queue.pk])
         (queue.paused, queue.batch_size, queue.concurrency, queue.rate_limit_per_minute,
-         previous_cursor) = cursor.fetchone()
-    return previous_cursor or ""
+         previous_cursor, globally_paused) = cursor.fetchone()
+    return previous_cursor or "", bool(globally_paused)
 
 
 def _record_round(queue: Queue, now: datetime, cursor: str, result: Round):

@@ -1,6 +1,6 @@
-from django.urls import path
+from django.urls import path, re_path
 
-from queues import bulk_views, stream_views, views
+from queues import bulk_views, pause_views, stream_views, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -19,6 +19,11 @@ urlpatterns = [
     path("queues/<str:key>/bulk/start/", bulk_views.bulk_start, name="bulk_start"),
     path("queues/<str:key>/bulk/<int:pk>/", bulk_views.bulk_operation, name="bulk_operation"),
     path("queues/<str:key>/bulk/<int:pk>/stop/", bulk_views.bulk_stop, name="bulk_stop"),
+    re_path(r"^queues/(?P<key>[a-z0-9_-]+)/(?P<action>pause|resume)/$", pause_views.queue_pause,
+            name="queue_pause"),
+    re_path(r"^queues/(?P<key>[a-z0-9_-]+)/accounts/(?P<action>pause|resume)/$",
+            pause_views.account_pause, name="account_pause"),
+    re_path(r"^(?P<action>pause|resume)-all/$", pause_views.global_pause, name="global_pause"),
     path("items/<int:pk>/", views.item_detail, name="item_detail"),
     path("items/<int:pk>/<slug:action>/", views.item_action, name="item_action"),
     path("search/", views.search, name="search"),

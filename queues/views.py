@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import trigger_client_event
 
-from queues import audit, counters, dashboard, lifecycle, selector, sweeper
+from queues import audit, counters, dashboard, lifecycle, pausing, selector, sweeper
 from queues.forms import (
     AccountsForm,
     ItemFilterForm,
@@ -59,7 +59,8 @@ def overview(request):
     if data.get("show") == "alerting":
         summaries = [s for s in summaries if s.alerts]
     return _page_or_fragment(request, "queues/overview.html", "queues/_queue_table.html",
-                             {"form": form, "summaries": summaries, "now": now})
+                             {"form": form, "summaries": summaries, "now": now,
+                              "global_pause": pausing.global_pause()})
 
 
 @require_GET
