@@ -1,5 +1,7 @@
 """Django settings for QueueAdmin; every environment-dependent value comes from config.load()."""
 
+from datetime import timedelta
+
 from queueadmin import config
 
 CONFIG = config.load()
@@ -21,6 +23,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "csp",
     "django_q",
+    "axes",
     "queues",
 ]
 
@@ -36,6 +39,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a lockout signalled during login into its response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "queueadmin.urls"
@@ -75,6 +80,22 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# django-axes checks every password login first and refuses it while the username or the address
+# is locked out; force_login (tests) bypasses backends and so is unaffected.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Five failures lock the username (from any address) and, separately, the address (for any
+# username) for 15 minutes: a guesser spreading over users or over addresses is stopped either way.
+AXES_FAILURE_LIMIT = 5
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_CLIENT_IP_CALLABLE = "queues.security.client_ip"
+AXES_SENSITIVE_PARAMETERS = ["password"]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -98,7 +119,13 @@ STORAGES = {
     },
 }
 
+# Dashboard forms are small (the bulk form has about 20 fields); the field cap leaves room for a
+# queue's account-policy inline in Django's admin site (six fields a row, about 160 rows). Larger
+# or field-flooding posts are refused before parsing; nothing uploads files. The JSON API has its
+# own, configurable limit (API_MAX_BODY_BYTES).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
+DATA_UPLOAD_MAX_NUMBER_FILES = 0
 
 if CONFIG.is_production:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
@@ -109,6 +136,8 @@ if CONFIG.is_production:
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
 SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
@@ -170,5 +199,7 @@ LOGGING = {
         "django.db.backends": {"level": "WARNING"},
         # django-q2 logs a line per enqueued task, i.e. per selector batch: noise at our rate.
         "django-q": {"level": "WARNING"},
+        # django-axes announces its configuration at every start; lockouts still log (axes).
+        "axes.apps": {"level": "WARNING"},
     },
 }
