@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import trigger_client_event
 
-from queues import audit, counters, dashboard, lifecycle, pausing, selector, sweeper
+from queues import audit, counters, dashboard, lifecycle, masking, pausing, selector, sweeper
 from queues.forms import (
     AccountsForm,
     ItemFilterForm,
@@ -86,6 +86,7 @@ def item_detail(request, pk):
                       {"detail": dashboard.item_detail(item, now), "now": now})
     return render(request, "queues/item_detail.html", {
         "detail": dashboard.item_detail(item, now), "now": now,
+        "payload": masking.payload_for(request.user, item),
         "queue_counts": counters.status_counts([item.queue_id])[item.queue_id]})
 
 

@@ -1,0 +1,42 @@
+"""Sensitive payload keys are masked for Viewers on the item page; Operators and Admins see all."""
+
+import pytest
+
+from queues import enqueue
+from queues.masking import MASK, mask_payload
+from tests.factories import QueueFactory
+
+pytestmark = pytest.mark.django_db
+PAYLOAD = {"to": "ada@example.com", "Password": "hunter2-secret",
+           "nested": [{"API_KEY": "k-123456"}, {"note": "token"}], "auth": {"token": {"a": 1}}}
+
+
+def test_values_of_sensitive_keys_are_masked_at_any_depth_and_any_case():
+    masked = mask_payload(PAYLOAD, ["password", "api_key", "token"])
+    assert masked == {"to": "ada@example.com", "Password": MASK,
+                      "nested": [{"API_KEY": MASK}, {"note": "token"}], "auth": {"token": MASK}}
+    assert PAYLOAD["Password"] == "hunter2-secret"  # the item's own payload is untouched
+
+
+def test_no_sensitive_keys_means_nothing_is_masked():
+    assert mask_payload(PAYLOAD, []) == PAYLOAD
+    assert mask_payload("just a string", ["password"]) == "just a string"
+
+
+@pytest.fixture
+def item():
+    QueueFactory(key="mail", sensitive_keys=["password", "api_key", "token"])
+    return enqueue("mail", account="acme", identifier="m-1", payload=PAYLOAD)
+
+
+def test_viewer_sees_masked_values_on_the_item_page(role_client, item):
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert "hunter2-secret" not in html and "k-123456" not in html
+    assert MASK in html and "ada@example.com" in html
+    assert "hidden from Viewers" in html
+
+
+@pytest.mark.parametrize("role", ["Operator", "Admin"])
+def test_operators_and_admins_see_the_whole_payload(role_client, item, role):
+    html = role_client(role).get(f"/items/{item.pk}/").content.decode()
+    assert "hunter2-secret" in html and "k-123456" in html and MASK not in html
