@@ -24,7 +24,7 @@ from django.utils.dateparse import parse_datetime
 from django_q.tasks import async_task
 
 from queues import audit, lifecycle
-from queues.models import LIVE_STATUSES, BulkOperation, Item, Queue, Status
+from queues.models import LIVE_STATUSES, BulkOperation, DeadLetter, Item, Queue, Status
 
 log = logging.getLogger(__name__)
 STEP_SIZE = 1000
@@ -37,7 +37,12 @@ SAMPLE_SIZE = 20
 KINDS = {
     BulkOperation.Kind.RETRY: ("requeue", (Status.COMPLETE, Status.FAILED, Status.CANCELLED)),
     BulkOperation.Kind.CANCEL: ("cancel", (Status.QUEUED, Status.DISPATCHED, Status.RETRY)),
+    # Dead letters: failed items with an open dead letter, chosen by the time they failed.
+    BulkOperation.Kind.REPLAY: ("requeue", (Status.FAILED,)),
+    BulkOperation.Kind.PURGE: ("delete", (Status.FAILED,)),
 }
+DEAD_LETTER_KINDS = (BulkOperation.Kind.REPLAY, BulkOperation.Kind.PURGE)
+MAX_SELECTION = 1000
 INELIGIBLE_REASONS = {
     (BulkOperation.Kind.CANCEL, Status.RUNNING):
         "running items are not cancelled mid-flight; they finish on their own",
@@ -74,14 +79,23 @@ class BulkFilter:
     error_contains: str = ""
     snapshot_at: datetime | None = None
     max_id: int | None = None
+    ids: tuple[int, ...] = ()  # a selection of items instead of every match
+    reason: str = ""  # dead-letter reason (replay and purge)
 
     @classmethod
     def build(cls, queue: Queue, kind: str, statuses, created_from: datetime,
-              created_to: datetime, account: str = "", error_contains: str = "") -> "BulkFilter":
-        """Checks what an operator asked for; raises BulkError naming each bad field."""
+              created_to: datetime, account: str = "", error_contains: str = "", *,
+              ids=(), reason: str = "") -> "BulkFilter":
+        """Checks what an operator asked for; raises BulkError naming each bad field. For
+        dead-letter kinds the status is always failed and the range is the failure time."""
         fields = {}
         if kind not in KINDS:
             fields["kind"] = f"must be one of {', '.join(KINDS)}"
+        elif kind in DEAD_LETTER_KINDS:
+            statuses = [Status.FAILED]
+        ids = tuple(sorted(set(ids)))
+        if len(ids) > MAX_SELECTION:
+            fields["ids"] = f"select at most {MAX_SELECTION} items"
         statuses = tuple(dict.fromkeys(statuses))
         unknown = [s for s in statuses if s not in Status.values]
         if not statuses or unknown:
@@ -95,7 +109,7 @@ class BulkFilter:
         if fields:
             raise BulkError("; ".join(f"{k} {v}" for k, v in fields.items()), fields)
         return cls(queue.pk, kind, statuses, created_from, created_to, account.strip(),
-                   error_contains.strip())
+                   error_contains.strip(), ids=ids, reason=reason.strip())
 
     def frozen(self, now: datetime) -> "BulkFilter":
         """The same filter over a fixed snapshot: what exists now, and nothing enqueued later."""
@@ -110,10 +124,19 @@ class BulkFilter:
         return tuple(s for s in self.statuses if s in accepted)
 
     def items(self, statuses=None):
+        # Dead letters are chosen by when they failed, other items by when they were enqueued.
+        time_field = "finished_at" if self.kind in DEAD_LETTER_KINDS else "created_at"
         query = Item.objects.filter(
             queue_id=self.queue_id, status__in=statuses or self.statuses,
-            created_at__gte=self.created_from, created_at__lt=self.created_to,
+            **{f"{time_field}__gte": self.created_from, f"{time_field}__lt": self.created_to},
         )
+        if self.ids:
+            query = query.filter(id__in=self.ids)
+        if self.kind in DEAD_LETTER_KINDS:
+            letters = DeadLetter.objects.filter(item_id=OuterRef("id"), replayed_at__isnull=True)
+            if self.reason:
+                letters = letters.filter(reason=self.reason)
+            query = query.filter(Exists(letters))
         if self.snapshot_at is not None:
             query = query.filter(created_at__lte=self.snapshot_at, id__lte=self.max_id)
         if self.account:
@@ -127,6 +150,7 @@ class BulkFilter:
         for name in ("created_from", "created_to", "snapshot_at"):
             data[name] = data[name].isoformat() if data[name] else None
         data["statuses"] = list(self.statuses)
+        data["ids"] = list(self.ids)
         return data
 
     @classmethod
@@ -135,6 +159,7 @@ class BulkFilter:
         for name in ("created_from", "created_to", "snapshot_at"):
             values[name] = parse_datetime(values[name]) if values.get(name) else None
         values["statuses"] = tuple(values["statuses"])
+        values["ids"] = tuple(values.get("ids", ()))
         return cls(**values)
 
     def digest(self) -> str:
@@ -172,7 +197,7 @@ def preview(bulk_filter: BulkFilter, now: datetime | None = None) -> Preview:
     eligible = 0
     if eligible_items is not None:
         eligible = eligible_items[:cap + 1].count()
-        if frozen.kind == BulkOperation.Kind.RETRY and eligible:
+        if frozen.kind in (BulkOperation.Kind.RETRY, BulkOperation.Kind.REPLAY) and eligible:
             # Retrying an item whose identifier is live again on another item would duplicate it.
             live_again = eligible_items.filter(Exists(Item.objects.filter(
                 queue_id=frozen.queue_id, identifier=OuterRef("identifier"),
@@ -265,13 +290,18 @@ def step(operation_id: int) -> bool:
         bulk_filter = BulkFilter.from_json(operation.filter)
         ids, position = _next_batch(bulk_filter, operation.position)
         if ids:
-            transition, _ = KINDS[operation.kind]
-            result = lifecycle.apply(transition, ids,
-                                     actor=f"bulk {operation.pk} by {operation.actor_name}")
-            operation.changed += len(result.changed)
             skipped = Counter(operation.skipped)
-            skipped.update(result.skipped.values())
-            operation.skipped = dict(skipped)
+            if operation.kind == BulkOperation.Kind.PURGE:
+                deleted = lifecycle.delete_finished(operation.queue_id, ids)["items"]
+                operation.changed += deleted
+                skipped["it is no longer failed"] += len(ids) - deleted
+            else:
+                transition, _ = KINDS[operation.kind]
+                result = lifecycle.apply(transition, ids,
+                                         actor=f"bulk {operation.pk} by {operation.actor_name}")
+                operation.changed += len(result.changed)
+                skipped.update(result.skipped.values())
+            operation.skipped = +skipped
         operation.position = position or {}
         operation.steps += 1
         operation.last_step_at = now

@@ -25,6 +25,7 @@ from queues.db import (
     typed,
 )
 from queues.models import (
+    FINISHED_STATUSES,
     LIVE_STATUSES,
     MAX_ACCOUNT_LENGTH,
     MAX_IDENTIFIER_LENGTH,
@@ -593,6 +594,36 @@ def finish(queue: Queue, outcomes: Iterable[Outcome], *, worker: str,
            actor: str = "worker") -> dict[str, TransitionResult]:
     """Record the outcome of running attempts: one statement per outcome kind."""
     return _settle(queue, list(outcomes), lost=False, worker=worker, actor=actor)
+
+
+def delete_finished(queue_id: int, ids: list[int]) -> Counter:
+    """Delete finished items (retention, or an Admin's purge of dead letters) with their
+    attempts, dead letters and events; the counters lose them in the same transaction. An item
+    that is live again by now is left alone, with its history."""
+    deleted: Counter = Counter()
+    if not ids:
+        return deleted
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        # The items first: the row lock makes a concurrent requeue wait, and only rows that
+        # were still finished take their attempts, dead letters and events with them.
+        cursor.execute(
+            f"DELETE FROM {Item._meta.db_table} WHERE queue_id = %s AND id IN "
+            f"({placeholders(len(ids))}) AND status IN ({placeholders(len(FINISHED_STATUSES))}) "
+            f"RETURNING id, status", [queue_id, *ids, *FINISHED_STATUSES])
+        gone = cursor.fetchall()
+        if not gone:
+            return deleted
+        gone_ids = [pk for pk, _ in gone]
+        marks = placeholders(len(gone_ids))
+        for model in (Attempt, DeadLetter, ItemEvent):
+            cursor.execute(f"DELETE FROM {model._meta.db_table} WHERE item_id IN ({marks})",
+                           gone_ids)
+            deleted[model._meta.verbose_name_plural] += cursor.rowcount
+        by_status = Counter(status for _, status in gone)
+        counters.record({(queue_id, status): -n for status, n in by_status.items()},
+                        timezone.now())
+        deleted["items"] += len(gone)
+    return deleted
 
 
 def rescue_lost(queue: Queue, attempts: Mapping[int, int], *,

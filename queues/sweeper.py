@@ -15,13 +15,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from queues import bulk, counters, lifecycle
-from queues.db import is_postgres, placeholders, to_db_datetime
+from queues.db import is_postgres, to_db_datetime
 from queues.models import (
     FINISHED_STATUSES,
-    Attempt,
-    DeadLetter,
     Item,
-    ItemEvent,
     OutcomeMinute,
     Queue,
     SelectorRound,
@@ -103,28 +100,14 @@ def _rescue(queue: Queue, status: str, older_than: datetime) -> tuple[Counter, b
 
 def _prune_items(queue: Queue, finished_before: datetime) -> tuple[Counter, bool]:
     """Finished items past the queue's retention, with their attempts, events and dead
-    letters; the counters lose them in the same transaction."""
+    letters, a batch at a time."""
     ids = list(
         Item.objects.filter(queue=queue, status__in=FINISHED_STATUSES,
                             finished_at__lt=finished_before)
         .order_by("finished_at").values_list("id", flat=True)[:BATCH]
     )
-    changed: Counter = Counter()
-    if not ids:
-        return changed, False
-    marks = placeholders(len(ids))
-    with transaction.atomic(), connection.cursor() as cursor:
-        for model in (Attempt, DeadLetter, ItemEvent):
-            cursor.execute(f"DELETE FROM {model._meta.db_table} WHERE item_id IN ({marks})", ids)
-            changed[f"{model._meta.verbose_name_plural} pruned"] += cursor.rowcount
-        cursor.execute(
-            f"DELETE FROM {Item._meta.db_table} WHERE id IN ({marks}) "
-            f"AND status IN ({placeholders(len(FINISHED_STATUSES))}) RETURNING status",
-            [*ids, *FINISHED_STATUSES],
-        )
-        gone = Counter(status for (status,) in cursor.fetchall())
-        counters.record({(queue.pk, status): -n for status, n in gone.items()}, timezone.now())
-    changed["items pruned"] += sum(gone.values())
+    deleted = lifecycle.delete_finished(queue.pk, ids)
+    changed = Counter({f"{name} pruned": n for name, n in deleted.items()})
     return changed, len(ids) == BATCH
 
 

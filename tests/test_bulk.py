@@ -43,7 +43,7 @@ def run_to_end(operation):
 
 
 @pytest.mark.parametrize(("changes", "field"), [
-    ({"kind": "purge"}, "kind"),
+    ({"kind": "destroy"}, "kind"),
     ({"statuses": []}, "statuses"),
     ({"statuses": ["failed", "lost"]}, "statuses"),
     ({"created_to": timezone.now() - timedelta(days=30)}, "created_to"),
@@ -236,3 +236,72 @@ def test_a_bulk_cancel_racing_the_selector_loses_no_update():
             queue_id=queue.pk, transition="cancelled", from_status=Status.DISPATCHED).values(
             "item_id"))
     assert not dispatched_then_cancelled.exists()
+
+
+# --- dead letters and selections --------------------------------------------------------------
+
+def test_replay_requeues_failed_items_with_open_dead_letters_and_closes_them(queue):
+    from queues.models import DeadLetter
+
+    items_in_status(queue, "failed", 3, prefix="dead")
+    items_in_status(queue, "complete", 2, prefix="done")
+    preview = bulk.preview(a_filter(queue, "replay", ["complete"]))  # statuses are ignored
+    assert preview.filter.statuses == ("failed",)
+    assert preview.eligible == 3
+    operation = run_to_end(confirm(preview))
+    assert (operation.state, operation.changed) == ("done", 3)
+    assert not DeadLetter.objects.filter(replayed_at__isnull=True).exists()
+    assert set(DeadLetter.objects.values_list("replayed_by", flat=True)) == {
+        f"bulk {operation.pk} by ops"}
+    assert AuditEntry.objects.filter(action="bulk.replay").exists()
+
+
+def test_replay_filters_by_dead_letter_reason(queue):
+    from queues.models import DeadLetter
+
+    items = items_in_status(queue, "failed", 3)
+    DeadLetter.objects.filter(item_id=items[0].pk).update(reason="worker lost")
+    preview = bulk.preview(a_filter(queue, "replay", [], reason="worker lost"))
+    assert preview.eligible == 1
+
+
+def test_purge_deletes_dead_items_their_history_and_their_counts(queue):
+    from queues import counters
+    from queues.models import Attempt, DeadLetter
+
+    items_in_status(queue, "failed", 4)
+    items_in_status(queue, "complete", 1, prefix="keep")
+    operation = run_to_end(confirm(bulk.preview(a_filter(queue, "purge", []))))
+    assert operation.changed == 4
+    assert list(Item.objects.values_list("identifier", flat=True)) == ["keep-0"]
+    assert not DeadLetter.objects.exists()
+    assert not Attempt.objects.filter(item__identifier__startswith="item").exists()
+    counters.rollup()
+    assert counters.status_counts([queue.pk])[queue.pk] == counters.exact_counts(
+        [queue.pk])[queue.pk]
+
+
+def test_purge_leaves_an_item_that_was_replayed_in_the_meantime(queue):
+    items = items_in_status(queue, "failed", 2)
+    preview = bulk.preview(a_filter(queue, "purge", []))
+    operation = confirm(preview)
+    lifecycle.apply("requeue", [items[0].pk], actor="someone")
+    operation = run_to_end(operation)
+    assert operation.changed == 1
+    assert Item.objects.get(pk=items[0].pk).status == Status.QUEUED
+
+
+def test_a_selection_changes_only_the_selected_items(queue):
+    items = items_in_status(queue, "queued", 5)
+    chosen = [items[1].pk, items[3].pk]
+    preview = bulk.preview(a_filter(queue, "cancel", ["queued"], ids=chosen))
+    assert preview.eligible == 2
+    run_to_end(confirm(preview))
+    assert sorted(Item.objects.filter(status=Status.CANCELLED).values_list("pk", flat=True)) \
+        == sorted(chosen)
+
+
+def test_a_selection_over_the_limit_is_refused(queue):
+    with pytest.raises(bulk.BulkError) as error:
+        a_filter(queue, "cancel", ["queued"], ids=range(1, 1002))
+    assert "ids" in error.value.fields
