@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from queues import bulk_views, pause_views, stream_views, views
+from queues import bulk_views, pause_views, stream_views, token_views, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -33,4 +33,7 @@ urlpatterns = [
     path("audit/", views.audit_log, name="audit"),
     path("dead-letters/", views.dead_letters, name="dead_letters"),
     path("preferences/", views.preferences, name="preferences"),
+    path("tokens/", token_views.token_list, name="tokens"),
+    path("tokens/create/", token_views.token_create, name="token_create"),
+    path("tokens/<int:pk>/revoke/", token_views.token_revoke, name="token_revoke"),
 ]
