@@ -22,7 +22,6 @@ from queues.forms import (
 )
 from queues.middleware import SESSION_KEY
 from queues.models import (
-    AuditEntry,
     DeadLetter,
     Item,
     Queue,
@@ -195,22 +194,6 @@ def run_sweeper(request):
     messages.info(request, "Another sweeper run is in progress." if counts is None else
                   f"Sweeper run: {counts or 'nothing to do'}.")
     return redirect("activity")
-
-
-@require_GET
-@viewer_required
-def audit_log(request):
-    form = KeysetForm(request.GET)
-    data = form.cleaned_data if form.is_valid() else {}
-    entries = AuditEntry.objects.order_by("-id")
-    if data.get("queue"):
-        entries = entries.filter(queue_key=data["queue"])
-    if data.get("before"):
-        entries = entries.filter(id__lt=data["before"])
-    page = list(entries[:LIST_SIZE + 1])
-    return render(request, "queues/audit.html", {
-        "entries": page[:LIST_SIZE], "form": form,
-        "next_before": page[LIST_SIZE - 1].pk if len(page) > LIST_SIZE else None})
 
 
 @require_GET
