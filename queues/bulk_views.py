@@ -2,6 +2,7 @@
 progress. The work itself is queues.bulk; these views parse, check roles and render."""
 
 from django.core import signing
+from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -11,7 +12,12 @@ from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
 from queues import bulk
 from queues.forms import BulkConfirmForm, BulkForm
 from queues.models import BulkOperation, Queue
-from queues.permissions import can_operate, operator_required, viewer_required
+from queues.permissions import (
+    can_administer,
+    can_operate,
+    operator_required,
+    viewer_required,
+)
 
 SIGNING_SALT = "queueadmin.bulk.preview"
 RECENT_OPERATIONS = 20
@@ -38,10 +44,17 @@ def bulk_page(request, key):
     if request.GET.get("preview") and can_operate(request.user):
         if form.is_valid():
             data = form.cleaned_data
-            bulk_filter = bulk.BulkFilter.build(
-                queue, data["kind"], data["status"], data["created_from"], data["created_to"],
-                data["account"], data["error"])
-            context |= _preview_context(queue, bulk.preview(bulk_filter))
+            if data["kind"] == "purge" and not can_administer(request.user):
+                raise PermissionDenied("Purging dead letters needs the Admin role.")
+            try:
+                bulk_filter = bulk.BulkFilter.build(
+                    queue, data["kind"], data["status"], data["created_from"],
+                    data["created_to"], data["account"], data["error"], ids=data["ids"],
+                    reason=data["reason"])
+            except bulk.BulkError as error:
+                context["error"], status = error.message, 422
+            else:
+                context |= _preview_context(queue, bulk.preview(bulk_filter))
         else:
             status = 422
     if request.htmx:
@@ -63,6 +76,8 @@ def bulk_start(request, key):
         return HttpResponseBadRequest("The confirmation was altered; preview again.")
     if bulk_filter.queue_id != queue.pk:
         return HttpResponseBadRequest("The confirmation is for another queue.")
+    if bulk_filter.kind == "purge" and not can_administer(request.user):
+        raise PermissionDenied("Purging dead letters needs the Admin role.")
     try:
         operation = bulk.start(bulk_filter, expected=form.cleaned_data["expected"],
                                filter_hash=form.cleaned_data["filter_hash"], actor=request.user)

@@ -2,7 +2,7 @@
 so a view never passes request data to the ORM as it came."""
 
 import zoneinfo
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django import forms
 from django.utils import timezone
@@ -10,6 +10,7 @@ from django.utils import timezone
 from queues.dashboard import parse_cursor
 from queues.models import MAX_ACCOUNT_LENGTH, MAX_IDENTIFIER_LENGTH, Queue, Status
 
+MAX_SELECTION = 1000  # as queues.bulk.MAX_SELECTION: one page of ids per request
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 DATETIME_LOCAL = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"]
 
@@ -69,13 +70,6 @@ class AccountsForm(forms.Form):
                             widget=forms.HiddenInput)
 
 
-class KeysetForm(forms.Form):
-    """A list walked newest first by id: `before` is the last id of the previous page."""
-
-    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
-    queue = forms.CharField(required=False, max_length=64)
-
-
 class RunSelectorForm(forms.Form):
     queue = forms.ModelChoiceField(queryset=Queue.objects.all(), to_field_name="key")
 
@@ -89,13 +83,16 @@ class TimeZoneForm(forms.Form):
 
 
 class BulkForm(forms.Form):
-    """What to retry or cancel: enqueue-time range (a preset becomes absolute times when the
-    preview is made), statuses, and optional account and error text."""
+    """What to change: the action, a time range (a preset becomes absolute times when the
+    preview is made), statuses, and optional account, error text and dead-letter reason; or a
+    selection of items (`ids`), which needs neither statuses nor a range."""
 
-    kind = forms.ChoiceField(choices=[("retry", "Retry"), ("cancel", "Cancel")],
-                             widget=forms.RadioSelect, label="Action")
-    status = forms.MultipleChoiceField(choices=Status.choices, widget=forms.CheckboxSelectMultiple)
-    period = forms.ChoiceField(label="Enqueued", choices=[
+    kind = forms.ChoiceField(choices=[
+        ("retry", "Retry"), ("cancel", "Cancel"), ("replay", "Replay dead letters"),
+        ("purge", "Purge dead letters")], widget=forms.RadioSelect, label="Action")
+    status = forms.MultipleChoiceField(required=False, choices=Status.choices,
+                                       widget=forms.CheckboxSelectMultiple)
+    period = forms.ChoiceField(required=False, label="Time range", choices=[
         ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
         ("custom", "From / to")])
     created_from = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL,
@@ -106,9 +103,22 @@ class BulkForm(forms.Form):
                                          attrs={"type": "datetime-local"}))
     account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
     error = forms.CharField(required=False, max_length=200, label="Error contains")
+    reason = forms.ChoiceField(required=False, label="Dead-letter reason", choices=[
+        ("", "Any reason"), ("permanent", "Permanent error"), ("exhausted", "Retries exhausted"),
+        ("worker lost", "Worker lost")])
 
     def clean(self):
         data = super().clean()
+        data["ids"] = self._selected_ids()
+        kind = data.get("kind")
+        if data["ids"]:
+            # A selection: every status, so the preview explains the ineligible ones.
+            data["status"] = data.get("status") or list(Status.values)
+            data["created_to"] = timezone.now() + timedelta(minutes=1)
+            data["created_from"] = datetime(2000, 1, 1, tzinfo=UTC)
+            return data
+        if not data.get("status") and kind in ("retry", "cancel"):
+            self.add_error("status", "Choose at least one status.")
         period = data.get("period")
         if period in PERIODS:
             data["created_to"] = timezone.now()
@@ -117,10 +127,23 @@ class BulkForm(forms.Form):
             for name in ("created_from", "created_to"):
                 if not data.get(name):
                     self.add_error(name, "Required for a custom range.")
+        else:
+            self.add_error("period", "Choose a time range.")
         start, end = data.get("created_from"), data.get("created_to")
         if start and end and start >= end:
             self.add_error("created_to", "Must be after From.")
         return data
+
+    def _selected_ids(self) -> list[int]:
+        raw = self.data.getlist("ids") if hasattr(self.data, "getlist") else []
+        if len(raw) > MAX_SELECTION:
+            self.add_error(None, f"Select at most {MAX_SELECTION} items.")
+            return []
+        try:
+            return sorted({int(value) for value in raw})
+        except ValueError:
+            self.add_error(None, "The selection is not a list of item ids.")
+            return []
 
 
 class BulkConfirmForm(forms.Form):
@@ -130,3 +153,14 @@ class BulkConfirmForm(forms.Form):
     frozen = forms.CharField(widget=forms.HiddenInput, max_length=4000)
     filter_hash = forms.CharField(widget=forms.HiddenInput, max_length=64)
     expected = forms.IntegerField(widget=forms.HiddenInput, min_value=0)
+
+
+class DeadLetterFilterForm(forms.Form):
+    queue = forms.CharField(required=False, max_length=64, label="Queue key")
+    account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
+    reason = forms.ChoiceField(required=False, choices=[
+        ("", "Any reason"), ("permanent", "Permanent error"), ("exhausted", "Retries exhausted"),
+        ("worker lost", "Worker lost")])
+    period = forms.ChoiceField(required=False, label="Failed", choices=[
+        ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")])
+    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)

@@ -12,9 +12,10 @@ from django_htmx.http import trigger_client_event
 
 from queues import audit, counters, dashboard, lifecycle, masking, pausing, selector, sweeper
 from queues.forms import (
+    PERIODS,
     AccountsForm,
+    DeadLetterFilterForm,
     ItemFilterForm,
-    KeysetForm,
     QueueFilterForm,
     RunSelectorForm,
     SearchForm,
@@ -199,16 +200,23 @@ def run_sweeper(request):
 @require_GET
 @viewer_required
 def dead_letters(request):
-    form = KeysetForm(request.GET)
+    form = DeadLetterFilterForm(request.GET)
     data = form.cleaned_data if form.is_valid() else {}
     letters = DeadLetter.objects.filter(replayed_at__isnull=True).select_related("queue", "item")
-    if data.get("queue"):
-        letters = letters.filter(queue__key=data["queue"])
+    queue = Queue.objects.filter(key=data["queue"]).first() if data.get("queue") else None
+    if queue is not None:
+        letters = letters.filter(queue=queue)
+    if data.get("account"):
+        letters = letters.filter(account=data["account"])
+    if data.get("reason"):
+        letters = letters.filter(reason=data["reason"])
+    if data.get("period"):
+        letters = letters.filter(created_at__gte=timezone.now() - PERIODS[data["period"]])
     if data.get("before"):
         letters = letters.filter(id__lt=data["before"])
     page = list(letters.order_by("-id")[:LIST_SIZE + 1])
     return render(request, "queues/dead_letters.html", {
-        "letters": page[:LIST_SIZE], "form": form, "now": timezone.now(),
+        "letters": page[:LIST_SIZE], "form": form, "now": timezone.now(), "queue": queue,
         "next_before": page[LIST_SIZE - 1].pk if len(page) > LIST_SIZE else None})
 
 

@@ -129,3 +129,51 @@ def test_payload_like_text_in_the_filter_is_escaped(role_client, queue):
     response = role_client("Operator").get(
         "/queues/emails/bulk/", {**PREVIEW, "error": '<script>alert(1)</script>'})
     assert "<script>alert(1)</script>" not in response.content.decode()
+
+
+def test_an_operator_retries_a_selection_from_the_item_browser(role_client, queue):
+    items = items_in_status(queue, "failed", 4)
+    client = role_client("Operator")
+    page = client.get("/queues/emails/").content.decode()
+    assert 'form="selection-form"' in page
+    chosen = [items[0].pk, items[2].pk]
+    preview = client.get("/queues/emails/bulk/", {"kind": "retry", "ids": chosen,
+                                                  "preview": "1"})
+    assert preview.status_code == 200
+    assert "2 selected items" in preview.content.decode()
+    fields = confirmation(preview)
+    client.post("/queues/emails/bulk/start/", fields)
+    operation = BulkOperation.objects.get()
+    while bulk.step(operation.pk):
+        pass
+    assert sorted(Item.objects.filter(status=Status.QUEUED).values_list("pk", flat=True)) == \
+        sorted(chosen)
+
+
+def test_a_selection_that_is_not_ids_answers_422(role_client, queue):
+    response = role_client("Operator").get("/queues/emails/bulk/", {
+        "kind": "retry", "ids": ["1", "x"], "preview": "1"})
+    assert response.status_code == 422
+
+
+def test_only_admins_may_purge_dead_letters(role_client, queue):
+    items_in_status(queue, "failed", 2)
+    purge = {"kind": "purge", "period": "7d", "preview": "1"}
+    assert role_client("Operator").get("/queues/emails/bulk/", purge).status_code == 403
+    admin = role_client("Admin")
+    preview = admin.get("/queues/emails/bulk/", purge)
+    assert preview.status_code == 200
+    fields = confirmation(preview)
+    operator = role_client("Operator")
+    assert operator.post("/queues/emails/bulk/start/", fields).status_code == 403
+    assert not BulkOperation.objects.exists()
+
+
+def test_the_dead_letters_page_filters_and_offers_replay_and_purge(role_client, queue):
+    items_in_status(queue, "failed", 3)
+    admin = role_client("Admin")
+    html = admin.get("/dead-letters/", {"queue": "emails", "reason": "permanent"}).content.decode()
+    assert "Replay all matching" in html and "Purge all matching" in html
+    assert html.count('form="selection-form"') == 3
+    viewer_html = role_client("Viewer").get("/dead-letters/", {"queue": "emails"}).content.decode()
+    assert "Replay all matching" not in viewer_html and 'form="selection-form"' not in viewer_html
