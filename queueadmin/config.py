@@ -22,6 +22,10 @@ FALSE_WORDS = {"0", "false", "no", "off", ""}
 # Process roles: the ASGI web process pools its PostgreSQL connections, every other process
 # (workers, commands, tests) keeps one persistent connection per thread.
 PROCESS_ROLES = ("web", "worker")
+LOG_FORMATS = ("json", "plain")
+# Scrapers on the same machine may read /metrics in development without a token.
+DEVELOPMENT_METRICS_NETWORKS = "127.0.0.0/8,::1/128"
+METRICS_TOKEN_MIN_LENGTH = 32
 HOST_NAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$")
 
 
@@ -45,6 +49,9 @@ class Config:
     api_max_payload_bytes: int
     api_max_delay_days: int
     bulk_max_items: int
+    metrics_token: str
+    metrics_allowed_networks: list
+    log_format: str
 
     @property
     def is_production(self) -> bool:
@@ -103,6 +110,21 @@ def parse_hosts(name: str, raw: str) -> list[str]:
             )
         hosts.append(host)
     return list(dict.fromkeys(hosts))
+
+
+def parse_networks(name: str, raw: str) -> list:
+    networks = []
+    for entry in (part.strip() for part in raw.split(",")):
+        if not entry:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry))
+        except ValueError as exc:
+            raise ConfigError(
+                f"{name} entry {entry!r} is not a network: {exc}; list CIDRs separated by "
+                "commas, e.g. 10.0.0.0/8,192.168.1.7/32"
+            ) from None
+    return networks
 
 
 def database_settings(url: str, *, process_role: str, env: str) -> dict:
@@ -246,6 +268,25 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         minimum=1,
     )
 
+    metrics_token = environ.get("QUEUEADMIN_METRICS_TOKEN", "").strip()
+    if metrics_token and len(metrics_token) < METRICS_TOKEN_MIN_LENGTH:
+        raise ConfigError(
+            f"QUEUEADMIN_METRICS_TOKEN must be at least {METRICS_TOKEN_MIN_LENGTH} characters "
+            "(python -c 'import secrets; print(secrets.token_urlsafe(32))')."
+        )
+    metrics_allowed_networks = parse_networks(
+        "QUEUEADMIN_METRICS_ALLOWED_NETWORKS",
+        environ.get("QUEUEADMIN_METRICS_ALLOWED_NETWORKS",
+                    "" if production else DEVELOPMENT_METRICS_NETWORKS),
+    )
+
+    log_format = environ.get("QUEUEADMIN_LOG_FORMAT", "json" if production else "plain")
+    log_format = log_format.strip().lower()
+    if log_format not in LOG_FORMATS:
+        raise ConfigError(
+            f"QUEUEADMIN_LOG_FORMAT={log_format!r} must be one of: {', '.join(LOG_FORMATS)}."
+        )
+
     return Config(
         env=env,
         debug=debug,
@@ -261,4 +302,7 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         api_max_payload_bytes=api_max_payload_bytes,
         api_max_delay_days=api_max_delay_days,
         bulk_max_items=bulk_max_items,
+        metrics_token=metrics_token,
+        metrics_allowed_networks=metrics_allowed_networks,
+        log_format=log_format,
     )

@@ -28,6 +28,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /healthz and /metrics, answered before host checks, the HTTPS redirect and sessions.
+    "queues.health.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "csp.middleware.CSPMiddleware",
@@ -187,13 +189,19 @@ QUEUEADMIN = {
     "API_MAX_DELAY_DAYS": CONFIG.api_max_delay_days,
     # The most items one bulk retry or cancel may change.
     "BULK_MAX_ITEMS": CONFIG.bulk_max_items,
+    # /metrics: a bearer token, or scrapers from these networks (ipaddress networks).
+    "METRICS_TOKEN": CONFIG.metrics_token,
+    "METRICS_ALLOWED_NETWORKS": CONFIG.metrics_allowed_networks,
 }
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "queues.jsonlog.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": CONFIG.log_format}},
     "root": {"handlers": ["console"], "level": "INFO"},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},

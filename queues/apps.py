@@ -1,3 +1,5 @@
+import sys
+
 from django.apps import AppConfig
 from django.contrib.admin import apps as admin_apps
 from django.db.models.signals import post_migrate
@@ -10,7 +12,7 @@ class QueuesConfig(AppConfig):
     verbose_name = "Queues"
 
     def ready(self):
-        from queues import checks, middleware  # noqa: F401  (system checks, login signal)
+        from queues import checks, heartbeat, middleware  # noqa: F401  (checks, login signal)
         from queues.permissions import grant_admin_permissions
         from queues.schedules import ensure_schedules
 
@@ -18,6 +20,9 @@ class QueuesConfig(AppConfig):
         autodiscover_modules("handlers")
         post_migrate.connect(ensure_schedules, sender=self)
         post_migrate.connect(grant_admin_permissions, sender=self)
+        if heartbeat.is_qcluster(sys.argv):
+            # Only a worker cluster beats; web processes and other commands do not.
+            heartbeat.start_in_cluster()
 
 
 class QueueAdminSiteConfig(admin_apps.AdminConfig):

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queues import bulk, counters, lifecycle
+from queues import bulk, counters, heartbeat, lifecycle
 from queues.db import is_postgres, to_db_datetime
 from queues.models import (
     FINISHED_STATUSES,
@@ -80,6 +80,8 @@ def step(now: datetime | None = None) -> tuple[Counter, bool]:
         deleted, full = _prune_old(model, field, now - age)
         changed[f"{model._meta.verbose_name_plural} pruned"] += deleted
         more |= full
+    # A handful of rows at most: clusters stopped or replaced a day ago.
+    changed["cluster heartbeats pruned"] += heartbeat.prune(now)
     return changed, more
 
 

@@ -1,6 +1,14 @@
 from django.urls import path, re_path
 
-from queues import audit_views, bulk_views, pause_views, stream_views, token_views, views
+from queues import (
+    audit_views,
+    bulk_views,
+    health,
+    pause_views,
+    stream_views,
+    token_views,
+    views,
+)
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -30,6 +38,7 @@ urlpatterns = [
     path("activity/", views.activity, name="activity"),
     path("activity/selector/", views.run_selector, name="run_selector"),
     path("activity/sweeper/", views.run_sweeper, name="run_sweeper"),
+    path("workers/", health.workers_page, name="workers"),
     path("audit/", audit_views.audit_log, name="audit"),
     path("audit/export/", audit_views.audit_export, name="audit_export"),
     path("dead-letters/", views.dead_letters, name="dead_letters"),

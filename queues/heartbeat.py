@@ -1,0 +1,171 @@
+"""Worker clusters' heartbeats, written by the clusters themselves into ClusterHeartbeat.
+
+django-q2 has no heartbeat hook. So a `manage.py qcluster` process (QueuesConfig.ready calls
+`start_in_cluster`) starts a thread that upserts its row every BEAT_SECONDS; the row is keyed
+host:pid of that qcluster process, the one an operator sees and signals. Its workers are forked
+grandchildren: they report the task they run through shared memory created before the forks,
+from django-q2's pre_execute and post_execute_in_worker signals, so "what it is running" costs
+no database write per task.
+"""
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import socket
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection
+from django.utils import timezone
+
+from queues.models import ClusterHeartbeat
+
+log = logging.getLogger(__name__)
+BEAT_SECONDS = 10.0
+# Missing three beats (and then some, for a busy database) makes a cluster stale.
+STALE_AFTER = timedelta(seconds=45)
+# The sweeper deletes clusters silent this long: stopped for good, or replaced.
+PRUNE_AFTER = timedelta(days=1)
+TASK_NAME_BYTES = 120
+SPARE_SLOTS = 8  # room for workers reincarnated while a dead one's slot is not yet cleared
+
+
+class Slot(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_int), ("since", ctypes.c_double),
+                ("task", ctypes.c_char * TASK_NAME_BYTES)]
+
+
+_main_pid: int | None = None
+_slots = None
+_thread: threading.Thread | None = None
+
+
+def cluster_id(host: str, pid: int) -> str:
+    return f"{host[:90]}:{pid}"
+
+
+def is_qcluster(argv: list[str]) -> bool:
+    return len(argv) > 1 and argv[1] == "qcluster"
+
+
+def start_in_cluster():
+    """Prepare the heartbeat of this qcluster process. The thread starts only after the process
+    forks django-q2's sentinel: forking a process while another thread may hold a lock (a
+    database socket mid-query, say) can leave the child stuck."""
+    global _main_pid, _slots
+    from django_q.conf import Conf
+    from django_q.signals import post_execute_in_worker, pre_execute
+
+    _main_pid = os.getpid()
+    _slots = multiprocessing.get_context("fork").Array(Slot, Conf.WORKERS + SPARE_SLOTS)
+    pre_execute.connect(_task_started, dispatch_uid="queueadmin-heartbeat-start")
+    post_execute_in_worker.connect(_task_finished, dispatch_uid="queueadmin-heartbeat-finish")
+    os.register_at_fork(after_in_parent=_start_thread_once)
+
+
+def _start_thread_once():
+    global _thread
+    # The sentinel inherits this fork handler; only the qcluster process itself beats.
+    if os.getpid() != _main_pid or _thread is not None:
+        return
+    _thread = threading.Thread(target=_beat_forever, name="queueadmin-heartbeat", daemon=True)
+    _thread.start()
+
+
+def _task_started(sender, func=None, task=None, **kwargs):
+    name = str((task or {}).get("name") or (task or {}).get("func") or "task")
+    _set_slot(os.getpid(), name)
+
+
+def _task_finished(sender, func=None, task=None, **kwargs):
+    _set_slot(os.getpid(), None)
+
+
+def _set_slot(pid: int, task: str | None):
+    if _slots is None:
+        return
+    with _slots.get_lock():
+        mine = next((s for s in _slots if s.pid == pid), None)
+        if task is None:
+            if mine is not None:
+                mine.pid = 0
+            return
+        slot = mine or next((s for s in _slots if s.pid == 0), None)
+        if slot is None:  # every slot taken by live workers: nothing sensible to show
+            return
+        slot.pid, slot.since = pid, time.time()
+        slot.task = task.encode()[:TASK_NAME_BYTES - 1]
+
+
+def running_tasks() -> list[dict]:
+    """What this cluster's workers run now; slots of workers that died mid-task are freed."""
+    if _slots is None:
+        return []
+    running = []
+    with _slots.get_lock():
+        for slot in _slots:
+            if not slot.pid:
+                continue
+            if not _alive(slot.pid):
+                slot.pid = 0
+                continue
+            since = datetime.fromtimestamp(slot.since, tz=UTC)
+            running.append({"pid": slot.pid, "task": slot.task.decode(errors="replace"),
+                            "since": since.isoformat()})
+    return sorted(running, key=lambda r: r["since"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, under another user
+        return True
+    return True
+
+
+def beat(*, host: str, pid: int, workers: int, started_at: datetime,
+         running: list[dict]) -> ClusterHeartbeat:
+    """Upsert this cluster's row."""
+    now = timezone.now()
+    row, _ = ClusterHeartbeat.objects.update_or_create(
+        cluster=cluster_id(host, pid),
+        defaults={"host": host, "pid": pid, "workers": workers, "beat_at": now,
+                  "running": running},
+        create_defaults={"host": host, "pid": pid, "workers": workers, "beat_at": now,
+                         "running": running, "started_at": started_at},
+    )
+    return row
+
+
+def _beat_forever():
+    from django_q.conf import Conf
+
+    host, pid, started = socket.gethostname(), os.getpid(), timezone.now()
+    failing = False
+    while True:
+        try:
+            beat(host=host, pid=pid, workers=Conf.WORKERS, started_at=started,
+                 running=running_tasks())
+            if failing:
+                log.info("cluster heartbeat written again")
+            failing = False
+        except Exception as exc:  # the beat must outlive any error, a database restart above all
+            if not failing:
+                log.warning("cluster heartbeat failed: %s", exc)
+            failing = True
+            connection.close()  # a broken connection is reopened by the next beat
+        time.sleep(BEAT_SECONDS)
+
+
+def is_stale(row: ClusterHeartbeat, now: datetime) -> bool:
+    return now - row.beat_at > STALE_AFTER
+
+
+def prune(now: datetime) -> int:
+    """Rows of clusters silent for PRUNE_AFTER (the sweeper calls this)."""
+    deleted, _ = ClusterHeartbeat.objects.filter(beat_at__lt=now - PRUNE_AFTER).delete()
+    return deleted
