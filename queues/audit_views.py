@@ -3,7 +3,6 @@ queue, time range) and exported as CSV with the same filter. Entries are written
 queues.audit.record; nothing here or in Django's admin site edits them."""
 
 import csv
-import json
 from datetime import timedelta
 
 from django import forms
@@ -12,6 +11,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from queues.export import Echo, csv_cell
 from queues.forms import DATETIME_LOCAL
 from queues.models import AuditEntry
 from queues.permissions import viewer_required
@@ -20,8 +20,6 @@ LIST_SIZE = 50
 MAX_RANGE = timedelta(days=366)
 EXPORT_MAX_ROWS = 100_000  # a year of a busy team's changes; narrow the filter for more
 EXPORT_CHUNK = 1000
-# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection).
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 class AuditFilterForm(forms.Form):
@@ -76,18 +74,8 @@ def audit_log(request):
         "next_before": page[LIST_SIZE - 1].pk if len(page) > LIST_SIZE else None})
 
 
-def _cell(value) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return "'" + text if text.startswith(FORMULA_START) else text
-
-
-class _Echo:
-    def write(self, value):
-        return value
-
-
 def _rows(entries):
-    writer = csv.writer(_Echo())
+    writer = csv.writer(Echo())
     yield writer.writerow(["id", "at", "actor", "action", "queue", "target", "filter", "counts"])
     sent, before = 0, None
     # Keyset chunks, each its own short query: no transaction or cursor held open while the
@@ -97,10 +85,10 @@ def _rows(entries):
         wanted = min(EXPORT_CHUNK, EXPORT_MAX_ROWS - sent)
         chunk = list(chunk_query[:wanted])
         for entry in chunk:
-            yield writer.writerow([entry.pk, entry.at.isoformat(), _cell(entry.actor_name),
-                                   _cell(entry.action), _cell(entry.queue_key),
-                                   _cell(entry.target), _cell(entry.filter),
-                                   _cell(entry.counts)])
+            yield writer.writerow([entry.pk, entry.at.isoformat(), csv_cell(entry.actor_name),
+                                   csv_cell(entry.action), csv_cell(entry.queue_key),
+                                   csv_cell(entry.target), csv_cell(entry.filter),
+                                   csv_cell(entry.counts)])
         if len(chunk) < wanted:
             return
         sent += len(chunk)

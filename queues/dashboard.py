@@ -187,14 +187,14 @@ def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
         # The first condition lets the index range start at the cursor; the second breaks ties.
         page = page.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=pk),
                            created_at__lte=created)
-    rows = _newest_first(page, statuses, PAGE_SIZE + 1)
+    rows = newest_first(page, statuses, PAGE_SIZE + 1)
     items, more = rows[:PAGE_SIZE], len(rows) > PAGE_SIZE
     next_cursor = f"{_micros(items[-1].created_at)}-{items[-1].pk}" if more else ""
     return ItemPage(items=items, next_cursor=next_cursor, total=_total(queue, base, data),
                     holds=_holds(queue, items, now))
 
 
-def _newest_first(items, statuses: list[str], limit: int) -> list[Item]:
+def newest_first(items, statuses: list[str], limit: int) -> list[Item]:
     """Newest first across statuses in one statement: one index-ordered scan per status
     (the index leads with queue and status) merged by the outer ORDER BY, never a sort of
     every matching row."""

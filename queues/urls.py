@@ -32,6 +32,8 @@ urlpatterns = [
     re_path(r"^queues/(?P<key>[a-z0-9_-]+)/accounts/(?P<action>pause|resume)/$",
             pause_views.account_pause, name="account_pause"),
     re_path(r"^(?P<action>pause|resume)-all/$", pause_views.global_pause, name="global_pause"),
+    re_path(r"^queues/(?P<key>[a-z0-9_-]+)/export\.(?P<fmt>csv|json)$", views.queue_export,
+            name="queue_export"),
     path("items/<int:pk>/", views.item_detail, name="item_detail"),
     path("items/<int:pk>/<slug:action>/", views.item_action, name="item_action"),
     path("search/", views.search, name="search"),

@@ -3,14 +3,24 @@ and one template renders the page or, for htmx requests, just the fragment that 
 
 from django.contrib import messages
 from django.db import transaction
-from django.http import Http404
+from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import trigger_client_event
 
-from queues import audit, counters, dashboard, lifecycle, masking, pausing, selector, sweeper
+from queues import (
+    audit,
+    counters,
+    dashboard,
+    export,
+    lifecycle,
+    masking,
+    pausing,
+    selector,
+    sweeper,
+)
 from queues.forms import (
     PERIODS,
     AccountsForm,
@@ -30,7 +40,7 @@ from queues.models import (
     SweepRun,
     UserPreference,
 )
-from queues.permissions import operator_required, viewer_required
+from queues.permissions import can_operate, operator_required, viewer_required
 
 # Buttons on the item page -> lifecycle transitions.
 ITEM_ACTIONS = {"retry": "requeue", "cancel": "cancel", "run-now": "run_now"}
@@ -234,3 +244,25 @@ def preferences(request):
         return redirect("preferences")
     return render(request, "preferences.html", {"form": form},
                   status=400 if form.is_bound else 200)
+
+
+@require_GET
+@viewer_required
+def queue_export(request, key, fmt):
+    """The item browser's filter as a download; Viewers get sensitive payload keys masked."""
+    queue = get_object_or_404(Queue, key=key)
+    form = ItemFilterForm(request.GET)
+    if not form.is_valid():
+        return render(request, "queues/items.html", {"queue": queue, "form": form, "page": None,
+                                                     "now": timezone.now()}, status=400)
+    masked = not can_operate(request.user)
+    if fmt == "csv":
+        response = StreamingHttpResponse(
+            export.csv_rows(queue, form.cleaned_data, masked=masked), content_type="text/csv")
+    else:
+        response = StreamingHttpResponse(
+            export.json_chunks(queue, form.cleaned_data, masked=masked),
+            content_type="application/json")
+    stamp = timezone.now().strftime("%Y%m%d-%H%M")
+    response["Content-Disposition"] = f'attachment; filename="{queue.key}-items-{stamp}.{fmt}"'
+    return response

@@ -1,0 +1,71 @@
+import csv
+import io
+import json
+
+import pytest
+
+from queues import export
+from tests.factories import QueueFactory, items_in_status
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def queue():
+    return QueueFactory(key="emails", sensitive_keys=["password"])
+
+
+def download(response) -> str:
+    assert response.status_code == 200
+    return b"".join(response.streaming_content).decode()
+
+
+def test_csv_export_streams_the_filtered_items_newest_first(role_client, queue):
+    items_in_status(queue, "failed", 3, prefix="f")
+    items_in_status(queue, "complete", 2, prefix="c")
+    response = role_client("Viewer").get("/queues/emails/export.csv", {"status": "failed"})
+    assert response["Content-Disposition"].startswith('attachment; filename="emails-items-')
+    rows = list(csv.DictReader(io.StringIO(download(response))))
+    assert [row["identifier"] for row in rows] == ["f-2", "f-1", "f-0"]
+    assert {row["status"] for row in rows} == {"failed"}
+
+
+def test_json_export_says_whether_it_was_cut(role_client, queue, monkeypatch):
+    monkeypatch.setattr(export, "MAX_ROWS", 2)
+    monkeypatch.setattr(export, "CHUNK", 1)
+    items_in_status(queue, "queued", 3)
+    body = json.loads(download(role_client("Operator").get("/queues/emails/export.json")))
+    assert len(body["items"]) == 2 and body["truncated"] is True
+    assert len({item["id"] for item in body["items"]}) == 2
+
+
+def test_exports_walk_every_chunk_without_repeats(role_client, queue, monkeypatch):
+    monkeypatch.setattr(export, "CHUNK", 2)
+    items_in_status(queue, "queued", 5)
+    body = json.loads(download(role_client("Viewer").get("/queues/emails/export.json")))
+    assert len(body["items"]) == 5 and body["truncated"] is False
+    assert len({item["id"] for item in body["items"]}) == 5
+
+
+def test_viewers_get_sensitive_payload_keys_masked(role_client, queue):
+    items_in_status(queue, "queued", 1, payload={"password": "hunter2", "to": "a@b.c"})
+    viewer = json.loads(download(role_client("Viewer").get("/queues/emails/export.json")))
+    assert viewer["items"][0]["payload"]["password"] != "hunter2"
+    operator = json.loads(download(role_client("Operator").get("/queues/emails/export.json")))
+    assert operator["items"][0]["payload"]["password"] == "hunter2"
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_are_neutralised(role_client, queue):
+    items_in_status(queue, "failed", 1, prefix="=HYPERLINK(1)")
+    rows = list(csv.DictReader(io.StringIO(download(
+        role_client("Viewer").get("/queues/emails/export.csv")))))
+    assert rows[0]["identifier"].startswith("'=")
+
+
+def test_a_bad_filter_answers_400(role_client, queue):
+    response = role_client("Viewer").get("/queues/emails/export.csv", {"status": "lost"})
+    assert response.status_code == 400
+
+
+def test_export_needs_a_login(client, queue):
+    assert client.get("/queues/emails/export.csv").status_code == 302
