@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 
 from django.conf import settings
+from django.core import signing
 from django.db import transaction
 from django.db.models import Exists, Max, OuterRef, Q
 from django.utils import timezone
@@ -32,6 +33,7 @@ STEP_SIZE = 1000
 # the broker's pickup latency is paid once per few dozen steps instead of once per step.
 TASK_SECONDS = 5.0
 SAMPLE_SIZE = 20
+SIGNING_SALT = "queueadmin.bulk.preview"
 
 # kind: (lifecycle transition, statuses it applies to)
 KINDS = {
@@ -62,6 +64,21 @@ class StalePreview(BulkError):
     def __init__(self, fresh: "Preview"):
         super().__init__("the items changed since the preview; check the new counts and confirm")
         self.fresh = fresh
+
+
+def confirmation(preview: "Preview") -> dict:
+    """What confirming a preview sends back: the frozen filter, signed so that it returns as
+    it was sent, its hash, and the eligible count the operator saw."""
+    return {"frozen": signing.dumps(preview.filter.as_json(), salt=SIGNING_SALT),
+            "filter_hash": preview.filter.digest(), "expected": preview.eligible}
+
+
+def filter_from_confirmation(frozen: str) -> "BulkFilter":
+    try:
+        return BulkFilter.from_json(signing.loads(frozen, salt=SIGNING_SALT))
+    except (signing.BadSignature, KeyError, TypeError, ValueError):
+        raise BulkError("the confirmation was altered; preview again",
+                        {"frozen": "not a preview's confirmation"}) from None
 
 
 def max_items() -> int:

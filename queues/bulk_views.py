@@ -1,7 +1,6 @@
 """Bulk retry and cancel pages: the form and its preview, confirmation, and each operation's
 progress. The work itself is queues.bulk; these views parse, check roles and render."""
 
-from django.core import signing
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
@@ -19,16 +18,12 @@ from queues.permissions import (
     viewer_required,
 )
 
-SIGNING_SALT = "queueadmin.bulk.preview"
 RECENT_OPERATIONS = 20
 
 
 def _preview_context(queue, preview: bulk.Preview) -> dict:
-    frozen = preview.filter.as_json()
-    confirm = BulkConfirmForm(initial={
-        "frozen": signing.dumps(frozen, salt=SIGNING_SALT),
-        "filter_hash": preview.filter.digest(), "expected": preview.eligible})
-    return {"queue": queue, "preview": preview, "confirm": confirm, "frozen": frozen}
+    confirm = BulkConfirmForm(initial=bulk.confirmation(preview))
+    return {"queue": queue, "preview": preview, "confirm": confirm}
 
 
 @require_GET
@@ -70,9 +65,8 @@ def bulk_start(request, key):
     if not form.is_valid():
         return HttpResponseBadRequest("The confirmation is incomplete; preview again.")
     try:
-        frozen = signing.loads(form.cleaned_data["frozen"], salt=SIGNING_SALT)
-        bulk_filter = bulk.BulkFilter.from_json(frozen)
-    except (signing.BadSignature, KeyError, TypeError, ValueError):
+        bulk_filter = bulk.filter_from_confirmation(form.cleaned_data["frozen"])
+    except bulk.BulkError:
         return HttpResponseBadRequest("The confirmation was altered; preview again.")
     if bulk_filter.queue_id != queue.pk:
         return HttpResponseBadRequest("The confirmation is for another queue.")

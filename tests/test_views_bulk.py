@@ -4,7 +4,6 @@ import pytest
 from django.core import signing
 
 from queues import bulk, lifecycle
-from queues.bulk_views import SIGNING_SALT
 from queues.models import AuditEntry, BulkOperation, Item, Status
 from tests.factories import QueueFactory, items_in_status
 
@@ -87,7 +86,7 @@ def test_an_altered_confirmation_is_refused(role_client, queue):
     items_in_status(queue, "failed", 3)
     client = role_client("Operator")
     fields = confirmation(client.get("/queues/emails/bulk/", PREVIEW))
-    frozen = signing.loads(fields["frozen"], salt=SIGNING_SALT)
+    frozen = signing.loads(fields["frozen"], salt=bulk.SIGNING_SALT)
     frozen["statuses"] = ["failed", "complete"]
     tampered = fields | {"frozen": signing.dumps(frozen, salt="another salt")}
     assert client.post("/queues/emails/bulk/start/", tampered).status_code == 400
