@@ -207,7 +207,7 @@ LOGGING = {
         "django.db.backends": {"level": "WARNING"},
         # django-q2 logs a line per enqueued task, i.e. per selector batch: noise at our rate.
         "django-q": {"level": "WARNING"},
-        # django-axes announces its configuration at every start; lockouts still log (axes).
-        "axes.apps": {"level": "WARNING"},
+        # django-axes logs every login at INFO; lockouts are warnings and still logged.
+        "axes": {"level": "WARNING"},
     },
 }

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
+from django.shortcuts import redirect
 
 from queues.permissions import can_administer
 
@@ -21,6 +22,8 @@ class QueueAdminSite(admin.AdminSite):
         return can_administer(request.user)
 
     def login(self, request, extra_context=None):
+        if self.has_permission(request):
+            return redirect("admin:index")
         if request.user.is_authenticated:
             # Signed in without the Admin role: sending them to log in again would loop.
             raise PermissionDenied("Django's admin site needs the Admin role.")

@@ -1,0 +1,293 @@
+"""A walk over the whole URLconf: every URL has a rule saying who may use it and how, and every
+rule is checked over HTTP. Dashboard pages need a login (anonymous users go to the login page)
+and the role in their rule; mutations are POSTs with CSRF that refuse GET; the only exceptions
+are the ones the spec lists (login, logout, the bearer-token API, health and metrics; static
+files are served by WhiteNoise before the URLconf).
+
+Adding a URL: add one line to RULES below, or the walk fails and names the URL."""
+
+from dataclasses import dataclass, field
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from django.utils import timezone
+
+from queues import enqueue, tokens
+from queues.models import BulkOperation
+from queues.permissions import ADMIN, OPERATOR, ROLES, VIEWER
+from tests.factories import QueueFactory
+
+pytestmark = pytest.mark.django_db
+LOGIN = "/accounts/login/"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """kind: "page" (GET, read), "action" (POST, mutation), "self" (GET page and POST of the
+    user's own settings), or an exception kind: "public", "login", "logout", "token_api",
+    "stream" (an EventSource: 401 instead of a login redirect). role: the lowest role allowed."""
+
+    kind: str
+    role: str | None = VIEWER
+    kwargs: dict = field(default_factory=dict)
+    query: str = ""
+
+
+def page(role=VIEWER, query="", **kwargs):
+    return Rule("page", role, kwargs, query)
+
+
+def action(role=OPERATOR, **kwargs):
+    return Rule("action", role, kwargs)
+
+
+# One line per URL name. "$item", "$bulk" and "$token" are replaced by the ids of sample rows.
+RULES = {
+    "overview": page(),
+    "queue_items": page(),
+    "queue_errors": page(),
+    "queue_accounts": page(),
+    "queue_counts": page(),
+    "queue_export": page(fmt="csv"),
+    "queue_stream": page(),
+    "queue_stream_rows": page(query="?after=0"),
+    "queue_stream_events": Rule("stream"),
+    "all_stream": page(),
+    "all_stream_rows": page(query="?after=0"),
+    "all_stream_events": Rule("stream"),
+    "bulk": page(),
+    "bulk_operation": page(pk="$bulk"),
+    "bulk_start": action(),
+    "bulk_stop": action(pk="$bulk"),
+    "queue_pause": action(action="pause"),
+    "account_pause": action(action="pause"),
+    "global_pause": action(action="pause"),
+    "item_detail": page(pk="$item"),
+    "item_action": action(pk="$item", action="retry"),
+    "search": page(),
+    "activity": page(),
+    "run_selector": action(),
+    "run_sweeper": action(),
+    "workers": page(),
+    "audit": page(),
+    "audit_export": page(),
+    "dead_letters": page(),
+    "preferences": Rule("self"),
+    "tokens": page(ADMIN),
+    "token_create": action(ADMIN),
+    "token_revoke": action(ADMIN, pk="$token"),
+    # Exceptions listed by the spec, and only these.
+    "login": Rule("login", None),
+    "logout": Rule("logout", None),
+    "api-queues": Rule("token_api", None),
+    "api-enqueue": Rule("token_api", None),
+    "api-item": Rule("token_api", None, {"item_id": "$item"}),
+    "api-openapi": Rule("public", None),
+    "api-bulk-preview": Rule("token_api", None),
+    "api-bulk-start": Rule("token_api", None),
+    "api-bulk": Rule("token_api", None, {"pk": "$bulk"}),
+    "api-bulk-stop": Rule("token_api", None, {"pk": "$bulk"}),
+    "api-queue-pause": Rule("token_api", None, {"action": "pause"}),
+    "api-account-pause": Rule("token_api", None, {"action": "pause"}),
+    "api-global-pause": Rule("token_api", None, {"action": "pause"}),
+}
+# Django's admin site checks the Admin role itself (queues.admin_site) for every URL it makes.
+NAMESPACE_RULES = {"admin": Rule("admin_site", ADMIN)}
+EXCEPTION_KINDS = {"public", "login", "logout", "token_api"}
+# The spec's exceptions: login, logout, the bearer-token API under /api/v1/, health, metrics.
+SPEC_EXCEPTIONS = {"login", "logout", "healthz", "metrics"}
+SAMPLE_KWARGS = {"key": "q"}
+
+
+def walk(patterns=None, namespace="", kwargs=()):
+    """(name, namespace, route, kwarg names) for every URL pattern, however deeply included."""
+    for pattern in patterns if patterns is not None else get_resolver().url_patterns:
+        names = (*kwargs, *pattern.pattern.regex.groupindex)
+        if isinstance(pattern, URLResolver):
+            inner = ":".join(filter(None, [namespace, pattern.namespace or ""]))
+            yield from walk(pattern.url_patterns, inner, names)
+        else:
+            assert isinstance(pattern, URLPattern)
+            name = f"{namespace}:{pattern.name}" if namespace and pattern.name else pattern.name
+            yield name, namespace, str(pattern.pattern), names
+
+
+def rule_for(name, namespace) -> Rule | None:
+    return NAMESPACE_RULES.get(namespace.split(":")[0]) if namespace else RULES.get(name)
+
+
+URLS = [(name, namespace, kwargs) for name, namespace, _, kwargs in walk()
+        if name and not namespace.startswith("admin")]
+ADMIN_URLS = [name for name, namespace, _, kwargs in walk()
+              if namespace == "admin" and name and not kwargs]
+
+
+def test_every_url_has_a_rule_and_every_rule_a_url():
+    missing = [f"{name or '(unnamed)'} -> {route}" for name, namespace, route, _ in walk()
+               if not (namespace and rule_for(name, namespace))
+               and not (name and rule_for(name, namespace))]
+    assert not missing, (
+        "URLs without a security rule: add a line to RULES in tests/test_security_walk.py "
+        f"(page(), action(), page(ADMIN), ...) and name the URL: {missing}")
+    stale = set(RULES) - {name for name, *_ in walk()}
+    assert not stale, f"RULES lists URLs that no longer exist: {sorted(stale)}"
+
+
+def test_the_spec_exceptions_are_the_only_urls_open_without_a_login():
+    open_urls = {name: reverse(name, kwargs={k: "1" if k != "action" else "pause"
+                                             for k in kwargs})
+                 for name, _, _, kwargs in walk() if name in RULES
+                 and RULES[name].kind in EXCEPTION_KINDS}
+    unexpected = {name: url for name, url in open_urls.items()
+                  if name not in SPEC_EXCEPTIONS and not url.startswith("/api/v1/")}
+    assert not unexpected, f"open without a login but not a spec exception: {unexpected}"
+
+
+@pytest.fixture
+def sample():
+    queue = QueueFactory(key="q")
+    item = enqueue("q", account="acme", identifier="walk-1", payload={"n": 1})
+    bulk = BulkOperation.objects.create(
+        queue=queue, kind="retry", actor_name="walker", filter={}, filter_hash="0" * 64,
+        expected=0, created_at=timezone.now(), state="done", finished_at=timezone.now())
+    token, _ = tokens.create("walker", all_queues=True)
+    return {"$item": item.pk, "$bulk": bulk.pk, "$token": token.pk}
+
+
+@pytest.fixture
+def clients(db):
+    """A signed-in client per role, with and without CSRF checks."""
+    made = {}
+    for role in ROLES:
+        user = User.objects.create_user(f"walk-{role.lower()}")
+        user.groups.add(Group.objects.get(name=role))
+        for csrf in (False, True):
+            client = Client(enforce_csrf_checks=csrf)
+            client.force_login(user)
+            made[role, csrf] = client
+    return made
+
+
+def url_of(name, kwarg_names, rule, sample):
+    values = SAMPLE_KWARGS | rule.kwargs
+    return reverse(name, kwargs={key: sample.get(values[key], values[key])
+                                 for key in kwarg_names}) + rule.query
+
+
+def below(role):
+    return ROLES[:ROLES.index(role)]
+
+
+def at_or_above(role):
+    return ROLES[ROLES.index(role):]
+
+
+def goes_to_login(response):
+    return response.status_code == 302 and response["Location"].startswith(f"{LOGIN}?next=")
+
+
+@pytest.mark.parametrize("name, namespace, kwarg_names", URLS, ids=[url[0] for url in URLS])
+def test_url_follows_its_rule(name, namespace, kwarg_names, sample, clients):
+    rule = rule_for(name, namespace)
+    if rule is None:
+        pytest.fail(f"{name} has no rule: add one to RULES")
+    url = url_of(name, kwarg_names, rule, sample)
+    anonymous = Client(enforce_csrf_checks=True)
+    problems = []
+
+    def expect(ok, what, response):
+        if not ok:
+            problems.append(f"{what}: got {response.status_code} {response.get('Location', '')}")
+
+    if rule.kind == "page":
+        response = anonymous.get(url)
+        expect(goes_to_login(response), "anonymous GET -> login page", response)
+        for role in below(rule.role):
+            response = clients[role, False].get(url)
+            expect(response.status_code == 403, f"{role} GET -> 403", response)
+        for role in at_or_above(rule.role):
+            response = clients[role, False].get(url)
+            expect(response.status_code == 200, f"{role} GET -> 200", response)
+            response = clients[role, False].post(url)
+            expect(response.status_code == 405, f"{role} POST -> 405 (a page)", response)
+    elif rule.kind == "action":
+        response = anonymous.post(url)
+        expect(response.status_code == 403, "anonymous POST without CSRF -> 403", response)
+        response = Client().post(url)
+        expect(goes_to_login(response), "anonymous POST -> login page", response)
+        for role in ROLES:
+            response = clients[role, False].get(url)
+            expect(response.status_code == 405, f"{role} GET -> 405", response)
+        for role in below(rule.role):
+            response = clients[role, False].post(url)
+            expect(response.status_code == 403, f"{role} POST -> 403", response)
+        allowed = rule.role
+        response = clients[allowed, True].post(url)
+        expect(response.status_code == 403, f"{allowed} POST without CSRF -> 403", response)
+        response = clients[allowed, False].post(url)
+        expect(response.status_code not in (401, 403, 405, 500),
+               f"{allowed} POST with CSRF -> allowed", response)
+    elif rule.kind == "self":
+        expect(goes_to_login(anonymous.get(url)), "anonymous GET -> login page",
+               anonymous.get(url))
+        for role in ROLES:
+            response = clients[role, False].get(url)
+            expect(response.status_code == 200, f"{role} GET -> 200", response)
+            response = clients[role, True].post(url)
+            expect(response.status_code == 403, f"{role} POST without CSRF -> 403", response)
+    elif rule.kind == "stream":
+        response = anonymous.get(url)
+        expect(response.status_code == 401, "anonymous GET -> 401", response)
+        for role in ROLES:
+            response = clients[role, False].get(url)
+            # 501: the test client is not an ASGI server; the role check passed before that.
+            expect(response.status_code == 501, f"{role} GET -> 501 (allowed)", response)
+    elif rule.kind == "login":
+        expect(anonymous.get(url).status_code == 200, "anonymous GET -> 200", anonymous.get(url))
+        response = anonymous.post(url, {"username": "x", "password": "y"})
+        expect(response.status_code == 403, "login POST without CSRF -> 403", response)
+    elif rule.kind == "logout":
+        response = clients[VIEWER, False].get(url)
+        expect(response.status_code == 405, "GET -> 405", response)
+        response = clients[VIEWER, True].post(url)
+        expect(response.status_code == 403, "POST without CSRF -> 403", response)
+    elif rule.kind == "token_api":
+        for client, who in ((anonymous, "anonymous"), (clients[ADMIN, True], "Admin session")):
+            for method in ("get", "post"):
+                response = getattr(client, method)(url)
+                expect(response.status_code in (401, 405), f"{who} {method.upper()} without a "
+                       "token -> 401 (a session is not a credential here)", response)
+    elif rule.kind == "public":
+        response = anonymous.get(url)
+        expect(response.status_code == 200, "anonymous GET -> 200", response)
+    else:
+        pytest.fail(f"unknown rule kind {rule.kind}")
+    assert not problems, f"{name} ({url}): {problems}"
+
+
+# The Admin group's model permissions (queues.permissions) open these; other models' pages
+# (django-q's tasks, django-axes' records) stay 403 even for Admins unless a superuser grants them.
+ADMIN_PAGES = ["admin:index", "admin:queues_queue_changelist", "admin:queues_queue_add",
+               "admin:queues_accountpolicy_changelist", "admin:queues_item_changelist",
+               "admin:queues_deadletter_changelist", "admin:auth_user_changelist",
+               "admin:auth_group_changelist"]
+
+
+@pytest.mark.parametrize("name", ADMIN_URLS)
+def test_django_admin_site_is_for_admins_only(name, clients):
+    url = reverse(name)
+    response = Client().get(url, follow=True)
+    assert response.status_code == 405 or (
+        response.status_code == 200 and response.request["PATH_INFO"] == LOGIN)
+    for role in below(ADMIN):
+        assert clients[role, False].get(url, follow=True).status_code in (403, 405)
+    expected = (200,) if name in ADMIN_PAGES else (200, 403, 405)
+    assert clients[ADMIN, False].get(url, follow=True).status_code in expected
+
+
+def test_django_admin_site_edits_need_csrf(clients, sample):
+    queue_id = QueueFactory(key="q").pk
+    url = reverse("admin:queues_queue_change", args=[queue_id])
+    assert clients[ADMIN, True].post(url, {"name": "x"}).status_code == 403
