@@ -3,17 +3,17 @@ contract: every refusal is a JSON error with a 4xx status, and nothing is writte
 
 import functools
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import HttpResponse
-from django.urls import path
+from django.urls import path, re_path
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from queues import counters, lifecycle, openapi_document, strictjson, tokens
-from queues.models import Item, Queue, Status
+from queues import bulk, counters, lifecycle, openapi_document, pausing, strictjson, tokens
+from queues.models import AccountPolicy, BulkOperation, Item, Queue, Status
 
 ITEM_FIELDS = {"account", "identifier", "payload", "run_at", "priority"}
 MAX_BIGINT = 2**63 - 1
@@ -71,6 +71,7 @@ def api_view(*methods):
                 return error_response(ApiError(
                     503, "unavailable", "the database is unavailable; try again shortly"))
 
+        wrapped.allowed_methods = methods  # read by the OpenAPI test
         return wrapped
 
     return decorate
@@ -284,6 +285,180 @@ def queue_list(request):
     ]})
 
 
+# --- bulk operations, dead letters, pause and resume ------------------------------------------
+
+BULK_FIELDS = {"kind", "statuses", "created_from", "created_to", "account", "error_contains",
+               "reason", "ids"}
+SELECTION_RANGE = (datetime(2000, 1, 1, tzinfo=UTC), timedelta(days=1))
+
+
+def _object(document, allowed: set[str]) -> dict:
+    if not isinstance(document, dict):
+        raise _invalid({"body": "must be a JSON object"})
+    unknown = sorted(set(document) - allowed)
+    if unknown:
+        raise _invalid({name: "unknown field" for name in unknown})
+    return document
+
+
+def _text(document: dict, name: str, fields: dict, limit: int = 200) -> str:
+    value = document.get(name, "")
+    if not isinstance(value, str) or len(value) > limit:
+        fields[name] = f"must be a string of at most {limit} characters"
+        return ""
+    return value
+
+
+def _aware(document: dict, name: str, fields: dict) -> datetime | None:
+    value = document.get(name)
+    parsed = None
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            parsed = None
+    if parsed is None or timezone.is_naive(parsed):
+        fields[name] = "must be an ISO 8601 date-time with a time-zone offset"
+        return None
+    return parsed
+
+
+def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
+    """A bulk request's filter, checked field by field (422 naming each bad one)."""
+    document = _object(document, BULK_FIELDS)
+    fields: dict[str, str] = {}
+    kind = document.get("kind")
+    ids = document.get("ids", [])
+    if not isinstance(ids, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 < i <= MAX_BIGINT for i in ids):
+        fields["ids"] = "must be an array of item ids"
+        ids = []
+    statuses = document.get("statuses", [])
+    if not isinstance(statuses, list) or not all(isinstance(s, str) for s in statuses):
+        fields["statuses"] = "must be an array of statuses"
+        statuses = []
+    if ids:
+        statuses = statuses or list(Status.values)
+        now = timezone.now()
+        start, end = SELECTION_RANGE[0], now + SELECTION_RANGE[1]
+    else:
+        start, end = _aware(document, "created_from", fields), _aware(document,
+                                                                     "created_to", fields)
+    account = _text(document, "account", fields)
+    error_contains = _text(document, "error_contains", fields)
+    reason = _text(document, "reason", fields)
+    if fields:
+        raise _invalid(fields)
+    try:
+        return bulk.BulkFilter.build(queue, kind, statuses, start, end, account,
+                                     error_contains, ids=ids, reason=reason)
+    except bulk.BulkError as exc:
+        raise _invalid(exc.fields or {"body": exc.message}) from None
+
+
+def _preview_json(preview: bulk.Preview) -> dict:
+    return {"eligible": preview.eligible, "matching": preview.matching,
+            "ineligible": preview.ineligible, "too_many": preview.too_many,
+            "sample": [item.pk for item in preview.sample],
+            "filter": preview.filter.as_json(), "confirmation": bulk.confirmation(preview)}
+
+
+def operation_json(operation: BulkOperation) -> dict:
+    return {"id": operation.pk, "queue": operation.queue.key, "kind": operation.kind,
+            "state": operation.state, "actor": operation.actor_name,
+            "filter": operation.filter, "expected": operation.expected,
+            "changed": operation.changed, "skipped": operation.skipped,
+            "steps": operation.steps, "error": operation.error or None,
+            "created_at": _time(operation.created_at),
+            "finished_at": _time(operation.finished_at)}
+
+
+@api_view("POST")
+def bulk_preview(request, key):
+    queue = _queue_for(request.token, key)
+    return json_response(_preview_json(bulk.preview(_bulk_filter(queue, _read_json(request)))))
+
+
+@api_view("POST")
+def bulk_start(request, key):
+    queue = _queue_for(request.token, key)
+    document = _object(_read_json(request), {"frozen", "filter_hash", "expected"})
+    if not isinstance(document.get("frozen"), str) or not isinstance(
+            document.get("filter_hash"), str) or not isinstance(document.get("expected"), int):
+        raise _invalid({"body": "send the confirmation of a preview: frozen, filter_hash and "
+                                "expected"})
+    try:
+        bulk_filter = bulk.filter_from_confirmation(document["frozen"])
+        if bulk_filter.queue_id != queue.pk:
+            raise bulk.BulkError("the confirmation is for another queue", {"frozen": "queue"})
+        operation = bulk.start(bulk_filter, expected=document["expected"],
+                               filter_hash=document["filter_hash"], actor=request.token)
+    except bulk.StalePreview as stale:
+        raise ApiError(409, "stale_preview", stale.message,
+                       preview=_preview_json(stale.fresh)) from None
+    except bulk.BulkError as exc:
+        raise _invalid(exc.fields or {"body": exc.message}) from None
+    return json_response(operation_json(operation), status=202)
+
+
+def _operation_for(token, pk: int) -> BulkOperation:
+    operation = BulkOperation.objects.select_related("queue").filter(pk=pk).first() \
+        if pk <= MAX_BIGINT else None
+    if operation is None:
+        raise ApiError(404, "not_found", f"there is no bulk operation {pk}")
+    if not tokens.allows(token, operation.queue_id):
+        raise ApiError(403, "forbidden", "this token may not use that queue")
+    return operation
+
+
+@api_view("GET")
+def bulk_detail(request, pk):
+    return json_response(operation_json(_operation_for(request.token, pk)))
+
+
+@api_view("POST")
+def bulk_stop(request, pk):
+    operation = _operation_for(request.token, pk)
+    bulk.stop(operation, actor=request.token)
+    operation.refresh_from_db()
+    return json_response(operation_json(operation))
+
+
+def _pause_json(target) -> dict:
+    return {"paused": target.paused, "paused_by": target.paused_by or None,
+            "paused_at": _time(target.paused_at)}
+
+
+@api_view("POST")
+def queue_pause(request, key, action):
+    queue = _queue_for(request.token, key)
+    pausing.set_queue_paused(queue, action == "pause", actor=request.token)
+    return json_response({"queue": queue.key, **_pause_json(queue)})
+
+
+@api_view("POST")
+def account_pause(request, key, action):
+    queue = _queue_for(request.token, key)
+    document = _object(_read_json(request), {"account"})
+    account = document.get("account")
+    if not isinstance(account, str) or not account.strip() or len(account) > 200:
+        raise _invalid({"account": "must be a non-empty string of at most 200 characters"})
+    pausing.set_account_paused(queue, account, action == "pause", actor=request.token)
+    policy = AccountPolicy.objects.filter(queue=queue, account=account).first()
+    return json_response({"queue": queue.key, "account": account,
+                          **(_pause_json(policy) if policy else
+                             {"paused": False, "paused_by": None, "paused_at": None})})
+
+
+@api_view("POST")
+def global_pause(request, action):
+    # Every queue at once: only a token that may use every queue.
+    if not request.token.all_queues:
+        raise ApiError(403, "forbidden", "pausing every queue needs a token for all queues")
+    pausing.set_global_paused(action == "pause", actor=request.token)
+    return json_response(_pause_json(pausing.global_pause()))
+
+
 @csrf_exempt
 def openapi(request):
     """The API's description; public like any API reference, and it reads no data."""
@@ -296,5 +471,14 @@ urlpatterns = [
     path("queues", queue_list, name="api-queues"),
     path("queues/<str:key>/items", enqueue, name="api-enqueue"),
     path("items/<int:item_id>", item_detail, name="api-item"),
+    path("queues/<str:key>/bulk/preview", bulk_preview, name="api-bulk-preview"),
+    path("queues/<str:key>/bulk", bulk_start, name="api-bulk-start"),
+    path("bulk/<int:pk>", bulk_detail, name="api-bulk"),
+    path("bulk/<int:pk>/stop", bulk_stop, name="api-bulk-stop"),
+    re_path(r"^queues/(?P<key>[^/]+)/(?P<action>pause|resume)$", queue_pause,
+            name="api-queue-pause"),
+    re_path(r"^queues/(?P<key>[^/]+)/accounts/(?P<action>pause|resume)$", account_pause,
+            name="api-account-pause"),
+    re_path(r"^(?P<action>pause|resume)-all$", global_pause, name="api-global-pause"),
     path("openapi.json", openapi, name="api-openapi"),
 ]

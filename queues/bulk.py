@@ -244,7 +244,7 @@ def start(bulk_filter: BulkFilter, *, expected: int, filter_hash: str, actor) ->
     user = actor if getattr(actor, "is_authenticated", False) else None
     operation = BulkOperation.objects.create(
         queue_id=bulk_filter.queue_id, kind=bulk_filter.kind, actor=user,
-        actor_name=user.get_username() if user else str(actor),
+        actor_name=audit.actor_name(actor)[:150],
         filter=bulk_filter.as_json(), filter_hash=filter_hash, expected=expected,
         created_at=timezone.now(),
     )

@@ -23,6 +23,28 @@ def _json(description: str, schema_name: str) -> dict:
         "application/json": {"schema": {"$ref": f"#/components/schemas/{schema_name}"}}}}
 
 
+KEY = {"name": "key", "in": "path", "required": True, "schema": {"type": "string"}}
+PK = {"name": "pk", "in": "path", "required": True, "schema": {"type": "integer"}}
+ACTION = {"name": "action", "in": "path", "required": True,
+          "schema": {"type": "string", "enum": ["pause", "resume"]}}
+ERROR_MEANINGS = {
+    400: "Malformed JSON (see the enqueue operation).",
+    404: "Unknown queue or operation.",
+    413: "Body over the size limit.",
+    415: "Content-Type is not application/json.",
+    422: "Invalid fields; `fields` names each.",
+}
+
+
+def _errors(*codes: int) -> dict:
+    return {str(code): _error(ERROR_MEANINGS[code]) for code in codes}
+
+
+def _body(schema_name: str) -> dict:
+    return {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{schema_name}"}}}}
+
+
 COMMON_ERRORS = {
     "401": _error("No token, or an unknown or revoked token."),
     "403": _error("The token is not scoped to this queue."),
@@ -129,6 +151,65 @@ def document() -> dict:
                     **COMMON_ERRORS,
                 },
             }},
+            "/queues/{key}/bulk/preview": {"post": {
+                "operationId": "previewBulk",
+                "summary": "What a bulk retry, cancel, dead-letter replay or purge would change; "
+                           "changes nothing and freezes a snapshot.",
+                "parameters": [KEY],
+                "requestBody": _body("BulkRequest"),
+                "responses": {"200": _json("The preview and its confirmation.", "BulkPreview"),
+                              **_errors(400, 404, 413, 415, 422), **COMMON_ERRORS},
+            }},
+            "/queues/{key}/bulk": {"post": {
+                "operationId": "startBulk",
+                "summary": "Confirm a preview: the operation runs in the background.",
+                "parameters": [KEY],
+                "requestBody": _body("Confirmation"),
+                "responses": {
+                    "202": _json("Started.", "BulkOperation"),
+                    "409": _error("The eligible items inside the snapshot changed; `preview` "
+                                  "holds the fresh counts and confirmation."),
+                    **_errors(400, 404, 413, 415, 422), **COMMON_ERRORS},
+            }},
+            "/bulk/{pk}": {"get": {
+                "operationId": "getBulk",
+                "summary": "A bulk operation's progress and result.",
+                "parameters": [PK],
+                "responses": {"200": _json("The operation.", "BulkOperation"),
+                              **_errors(404), **COMMON_ERRORS},
+            }},
+            "/bulk/{pk}/stop": {"post": {
+                "operationId": "stopBulk",
+                "summary": "Stop after the current step; finished steps stay applied.",
+                "parameters": [PK],
+                "responses": {"200": _json("The operation.", "BulkOperation"),
+                              **_errors(404), **COMMON_ERRORS},
+            }},
+            "/queues/{key}/{action}": {"post": {
+                "operationId": "pauseQueue",
+                "summary": "Pause (drain mode) or resume a queue.",
+                "parameters": [KEY, ACTION],
+                "responses": {"200": _json("The queue's pause state.", "PauseState"),
+                              **_errors(404), **COMMON_ERRORS},
+            }},
+            "/queues/{key}/accounts/{action}": {"post": {
+                "operationId": "pauseAccount",
+                "summary": "Pause or resume one account of a queue.",
+                "parameters": [KEY, ACTION],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                    "type": "object", "additionalProperties": False, "required": ["account"],
+                    "properties": {"account": {"type": "string", "minLength": 1,
+                                               "maxLength": 200}}}}}},
+                "responses": {"200": _json("The account's pause state.", "PauseState"),
+                              **_errors(400, 404, 413, 415, 422), **COMMON_ERRORS},
+            }},
+            "/{action}-all": {"post": {
+                "operationId": "pauseAll",
+                "summary": "Pause or resume every queue (a token for all queues only).",
+                "parameters": [ACTION],
+                "responses": {"200": _json("The global pause state.", "PauseState"),
+                              **COMMON_ERRORS},
+            }},
             "/items/{id}": {"get": {
                 "operationId": "getItem",
                 "summary": "One item: status, attempts, last error and next run estimate.",
@@ -170,6 +251,63 @@ def document() -> dict:
                             "counts": {"type": "object", "required": list(Status.values),
                                        "additionalProperties": {"type": "integer"}},
                         }}}}},
+                "BulkRequest": {
+                    "type": "object", "additionalProperties": False, "required": ["kind"],
+                    "properties": {
+                        "kind": {"type": "string",
+                                 "enum": ["retry", "cancel", "replay", "purge"]},
+                        "statuses": {"type": "array", "items": {"type": "string",
+                                                                "enum": list(Status.values)},
+                                     "description": "Ignored for replay and purge (failed)."},
+                        "created_from": {**DATE_TIME, "description": "Enqueued (retry, "
+                                         "cancel) or failed (replay, purge) from; with offset."},
+                        "created_to": DATE_TIME,
+                        "account": {"type": "string"},
+                        "error_contains": {"type": "string"},
+                        "reason": {"type": "string",
+                                   "enum": ["", "permanent", "exhausted", "worker lost"]},
+                        "ids": {"type": "array", "maxItems": 1000, "items": {"type": "integer"},
+                                "description": "A selection instead of a time range."},
+                    }},
+                "Confirmation": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["frozen", "filter_hash", "expected"],
+                    "properties": {"frozen": {"type": "string"},
+                                   "filter_hash": {"type": "string"},
+                                   "expected": {"type": "integer"}}},
+                "BulkPreview": {
+                    "type": "object",
+                    "required": ["eligible", "matching", "ineligible", "too_many", "sample",
+                                 "filter", "confirmation"],
+                    "properties": {
+                        "eligible": {"type": "integer"}, "matching": {"type": "integer"},
+                        "ineligible": {"type": "object",
+                                       "additionalProperties": {"type": "integer"}},
+                        "too_many": {"type": "boolean"},
+                        "sample": {"type": "array", "items": {"type": "integer"}},
+                        "filter": {"type": "object"},
+                        "confirmation": {"$ref": "#/components/schemas/Confirmation"}}},
+                "BulkOperation": {
+                    "type": "object",
+                    "required": ["id", "queue", "kind", "state", "expected", "changed",
+                                 "skipped", "steps"],
+                    "properties": {
+                        "id": {"type": "integer"}, "queue": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "state": {"type": "string", "enum": ["running", "stopping", "stopped",
+                                                             "done", "failed"]},
+                        "actor": {"type": "string"}, "filter": {"type": "object"},
+                        "expected": {"type": "integer"}, "changed": {"type": "integer"},
+                        "skipped": {"type": "object",
+                                    "additionalProperties": {"type": "integer"}},
+                        "steps": {"type": "integer"}, "error": {"type": ["string", "null"]},
+                        "created_at": DATE_TIME, "finished_at": NULLABLE_DATE_TIME}},
+                "PauseState": {
+                    "type": "object", "required": ["paused", "paused_by", "paused_at"],
+                    "properties": {"queue": {"type": "string"}, "account": {"type": "string"},
+                                   "paused": {"type": "boolean"},
+                                   "paused_by": {"type": ["string", "null"]},
+                                   "paused_at": NULLABLE_DATE_TIME}},
                 "Error": {"type": "object", "required": ["error"], "properties": {"error": {
                     "type": "object", "required": ["code", "message", "fields"],
                     "properties": {
@@ -178,6 +316,7 @@ def document() -> dict:
                         "fields": {"type": "object",
                                    "additionalProperties": {"type": "string"}},
                         "item_id": {"type": ["integer", "null"]},
+                        "preview": {"$ref": "#/components/schemas/BulkPreview"},
                     }}}},
             },
         },

@@ -12,15 +12,11 @@ from queues import audit
 from queues.models import AccountPolicy, GlobalPause, Queue
 
 
-def _name(actor) -> str:
-    return actor.get_username() if getattr(actor, "is_authenticated", False) else str(actor)
-
-
 @transaction.atomic
 def set_queue_paused(queue: Queue, paused: bool, *, actor) -> bool:
     """Returns whether anything changed (pausing a paused queue changes nothing)."""
     changed = Queue.objects.filter(pk=queue.pk, paused=not paused).update(
-        paused=paused, paused_by=_name(actor) if paused else "",
+        paused=paused, paused_by=audit.actor_name(actor) if paused else "",
         paused_at=timezone.now() if paused else None)
     if changed:
         audit.record(actor, "queue.pause" if paused else "queue.resume", queue_key=queue.key,
@@ -40,7 +36,7 @@ def set_account_paused(queue: Queue, account: str, paused: bool, *, actor) -> bo
     elif policy.paused == paused:
         return False
     policy.paused = paused
-    policy.paused_by = _name(actor) if paused else ""
+    policy.paused_by = audit.actor_name(actor) if paused else ""
     policy.paused_at = timezone.now() if paused else None
     policy.save()
     audit.record(actor, "account.pause" if paused else "account.resume", queue_key=queue.key,
@@ -58,7 +54,7 @@ def set_global_paused(paused: bool, *, actor) -> bool:
     if state.paused == paused:
         return False
     state.paused = paused
-    state.paused_by = _name(actor) if paused else ""
+    state.paused_by = audit.actor_name(actor) if paused else ""
     state.paused_at = timezone.now() if paused else None
     state.save()
     audit.record(actor, "global.pause" if paused else "global.resume", target="all queues")

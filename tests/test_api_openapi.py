@@ -31,13 +31,13 @@ def test_every_route_is_described_with_its_method(document):
                  for method in operations}
     routes = set()
     for pattern in api.urlpatterns:
-        route = "/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", str(pattern.pattern))
+        route = str(pattern.pattern).removeprefix("^").removesuffix("$")
+        route = "/" + re.sub(r"<(?:\w+:)?(\w+)>|\(\?P<(\w+)>[^)]*\)",
+                             lambda m: "{" + (m.group(1) or m.group(2)) + "}", route)
         if route == "/openapi.json":
             continue
         route = route.replace("{item_id}", "{id}")
-        view = pattern.callback
-        method = "post" if view is api.enqueue else "get"
-        routes.add((route, method))
+        routes.update((route, method.lower()) for method in pattern.callback.allowed_methods)
     assert routes == described
 
 

@@ -1,0 +1,158 @@
+"""Bulk operations, dead letters and pause/resume through the token API (parity with the
+dashboard), each response checked against the OpenAPI description."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from queues import bulk, lifecycle, tokens
+from queues.models import AuditEntry, BulkOperation, GlobalPause, Item, Queue, Status
+from tests.factories import QueueFactory, items_in_status
+from tests.test_api_openapi import check
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def queue():
+    return QueueFactory(key="emails")
+
+
+@pytest.fixture
+def document(client):
+    return client.get("/api/v1/openapi.json").json()
+
+
+@pytest.fixture
+def call(client, queue):
+    secret = tokens.create("ops-bot", queue_keys=["emails"])[1]
+
+    def call(method, path, body=None, *, token=secret):
+        data = json.dumps(body).encode() if body is not None else b""
+        return client.generic(method, f"/api/v1{path}", data, content_type="application/json",
+                              HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    return call
+
+
+def week():
+    now = timezone.now()
+    return {"created_from": (now - timedelta(days=7)).isoformat(),
+            "created_to": (now + timedelta(minutes=1)).isoformat()}
+
+
+def test_preview_then_confirm_runs_a_bulk_retry(call, queue, document):
+    items_in_status(queue, "failed", 3)
+    preview = call("POST", "/queues/emails/bulk/preview",
+                   {"kind": "retry", "statuses": ["failed"], **week()})
+    check(document, "/queues/{key}/bulk/preview", "post", preview)
+    assert preview.status_code == 200 and preview.json()["eligible"] == 3
+    started = call("POST", "/queues/emails/bulk", preview.json()["confirmation"])
+    check(document, "/queues/{key}/bulk", "post", started)
+    assert started.status_code == 202
+    operation_id = started.json()["id"]
+    bulk.run(operation_id)
+    detail = call("GET", f"/bulk/{operation_id}")
+    check(document, "/bulk/{pk}", "get", detail)
+    assert (detail.json()["state"], detail.json()["changed"]) == ("done", 3)
+    assert AuditEntry.objects.get(action="bulk.retry").actor_name == "token:ops-bot"
+
+
+def test_a_changed_snapshot_answers_409_with_a_fresh_preview(call, queue, document):
+    failed = items_in_status(queue, "failed", 3)
+    preview = call("POST", "/queues/emails/bulk/preview",
+                   {"kind": "retry", "statuses": ["failed"], **week()}).json()
+    lifecycle.apply("requeue", [failed[0].pk], actor="someone")
+    response = call("POST", "/queues/emails/bulk", preview["confirmation"])
+    check(document, "/queues/{key}/bulk", "post", response)
+    assert response.status_code == 409
+    assert response.json()["error"]["preview"]["eligible"] == 2
+    assert not BulkOperation.objects.exists()
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"kind": "explode", "statuses": ["failed"]}, "kind"),
+    ({"kind": "retry", "statuses": ["failed"], "created_from": "2026-01-01T00:00:00",
+      "created_to": "2026-01-02T00:00:00Z"}, "created_from"),
+    ({"kind": "retry", "statuses": ["failed"], "created_from": "2026-01-02T00:00:00Z",
+      "created_to": "2026-01-01T00:00:00Z"}, "created_to"),
+    ({"kind": "retry", "statuses": "failed"}, "statuses"),
+    ({"kind": "retry", "ids": ["1"]}, "ids"),
+    ({"kind": "retry", "ids": [True]}, "ids"),
+    ({"kind": "retry", "statuses": ["failed"], "where": "1=1"}, "where"),
+])
+def test_a_bad_bulk_request_answers_422_naming_the_field(call, queue, document, body, field):
+    response = call("POST", "/queues/emails/bulk/preview", {**week(), **body}
+                    if "created_from" not in body else body)
+    check(document, "/queues/{key}/bulk/preview", "post", response)
+    assert response.status_code == 422, response.content
+    assert field in response.json()["error"]["fields"]
+
+
+def test_an_altered_confirmation_is_refused(call, queue):
+    items_in_status(queue, "failed", 1)
+    preview = call("POST", "/queues/emails/bulk/preview",
+                   {"kind": "retry", "statuses": ["failed"], **week()}).json()
+    forged = {**preview["confirmation"], "frozen": preview["confirmation"]["frozen"] + "x"}
+    assert call("POST", "/queues/emails/bulk", forged).status_code == 422
+    assert not BulkOperation.objects.exists()
+
+
+def test_a_selection_and_a_dead_letter_replay_through_the_api(call, queue):
+    items = items_in_status(queue, "failed", 3)
+    preview = call("POST", "/queues/emails/bulk/preview",
+                   {"kind": "replay", "ids": [items[0].pk, items[1].pk]}).json()
+    assert preview["eligible"] == 2
+    operation = call("POST", "/queues/emails/bulk", preview["confirmation"]).json()
+    bulk.run(operation["id"])
+    assert Item.objects.filter(status=Status.QUEUED).count() == 2
+
+
+def test_stop_through_the_api(call, queue, document):
+    items_in_status(queue, "queued", 2)
+    preview = call("POST", "/queues/emails/bulk/preview",
+                   {"kind": "cancel", "statuses": ["queued"], **week()}).json()
+    operation = call("POST", "/queues/emails/bulk", preview["confirmation"]).json()
+    stopped = call("POST", f"/bulk/{operation['id']}/stop")
+    check(document, "/bulk/{pk}/stop", "post", stopped)
+    assert stopped.json()["state"] == "stopping"
+
+
+def test_bulk_outside_the_token_scope_is_403(call, queue):
+    other = QueueFactory(key="billing")
+    items_in_status(other, "failed", 1)
+    response = call("POST", "/queues/billing/bulk/preview",
+                    {"kind": "retry", "statuses": ["failed"], **week()})
+    assert response.status_code == 403
+    admin_secret = tokens.create("all", all_queues=True)[1]
+    preview = call("POST", "/queues/billing/bulk/preview",
+                   {"kind": "retry", "statuses": ["failed"], **week()}, token=admin_secret)
+    operation = call("POST", "/queues/billing/bulk", preview.json()["confirmation"],
+                     token=admin_secret).json()
+    assert call("GET", f"/bulk/{operation['id']}").status_code == 403
+
+
+def test_pause_and_resume_a_queue_and_an_account(call, queue, document):
+    paused = call("POST", "/queues/emails/pause")
+    check(document, "/queues/{key}/{action}", "post", paused)
+    assert paused.json()["paused"] is True and paused.json()["paused_by"] == "token:ops-bot"
+    assert Queue.objects.get(key="emails").paused
+    call("POST", "/queues/emails/resume")
+    assert not Queue.objects.get(key="emails").paused
+    account = call("POST", "/queues/emails/accounts/pause", {"account": "acme"})
+    check(document, "/queues/{key}/accounts/{action}", "post", account)
+    assert account.json()["paused"] is True
+    bad = call("POST", "/queues/emails/accounts/pause", {"account": ""})
+    assert bad.status_code == 422
+
+
+def test_pausing_everything_needs_a_token_for_all_queues(call, queue, document):
+    refused = call("POST", "/pause-all")
+    assert refused.status_code == 403
+    assert not GlobalPause.objects.exists()
+    secret = tokens.create("ops", all_queues=True)[1]
+    response = call("POST", "/pause-all", token=secret)
+    check(document, "/{action}-all", "post", response)
+    assert response.json()["paused"] is True
