@@ -6,8 +6,10 @@ COPY queueadmin ./queueadmin
 COPY queues ./queues
 RUN pip install --no-cache-dir .
 COPY . .
-# collectstatic needs settings but no database or secrets of the real deployment.
-RUN QUEUEADMIN_ENV=development DATABASE_URL=sqlite:////tmp/build.sqlite3 \
+# collectstatic with production settings, so that WhiteNoise's compressed, hashed files and
+# their manifest exist; it needs no database, and the key below signs nothing.
+RUN QUEUEADMIN_ENV=production ALLOWED_HOSTS=build DATABASE_URL=sqlite:////tmp/build.sqlite3 \
+    SECRET_KEY=build-only-key-never-used-to-sign-anything-0123456789abcdef \
     python manage.py collectstatic --noinput -v0
 RUN useradd --system --home /app queueadmin && mkdir -p /app/var && chown queueadmin /app/var
 USER queueadmin

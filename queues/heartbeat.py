@@ -145,14 +145,15 @@ def _beat_forever():
     from django_q.conf import Conf
 
     host, pid, started = socket.gethostname(), os.getpid(), timezone.now()
-    failing = False
+    failing, first = False, True
     while True:
         try:
-            beat(host=host, pid=pid, workers=Conf.WORKERS, started_at=started,
-                 running=running_tasks())
-            if failing:
-                log.info("cluster heartbeat written again")
-            failing = False
+            row = beat(host=host, pid=pid, workers=Conf.WORKERS, started_at=started,
+                       running=running_tasks())
+            if first or failing:
+                log.info("cluster %s heartbeat %s", row.cluster,
+                         "written again" if failing else "started")
+            failing, first = False, False
         except Exception as exc:  # the beat must outlive any error, a database restart above all
             if not failing:
                 log.warning("cluster heartbeat failed: %s", exc)

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from queues import bulk, counters, heartbeat, lifecycle
 from queues.db import is_postgres, to_db_datetime
+from queues.jsonlog import item_fields
 from queues.models import (
     FINISHED_STATUSES,
     Item,
@@ -97,6 +98,11 @@ def _rescue(queue: Queue, status: str, older_than: datetime) -> tuple[Counter, b
         for kind, result in results.items():
             changed[f"{status} items lost, {'retried' if kind == 'retry' else 'failed'}"] += len(
                 result.changed)
+            for row in result.changed:
+                log.warning("item %s lost with its worker while %s, %s", row.id, status,
+                            "retry scheduled" if kind == "retry" else "dead-lettered",
+                            extra=item_fields(queue.key, row.id, row.account,
+                                              attempt=row.attempts))
     return changed, len(stuck) == BATCH
 
 

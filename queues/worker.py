@@ -6,6 +6,7 @@ concurrency; outcomes are recorded set-based through the lifecycle.
 """
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -16,8 +17,10 @@ from django.db import close_old_connections, connection
 
 from queues import handlers, lifecycle
 from queues.handlers import PermanentError, RetryableError, Task
+from queues.jsonlog import item_fields
 from queues.models import Item, Queue
 
+log = logging.getLogger(__name__)
 MAX_THREADS = 32  # a batch of 60 no-op items gains nothing from more threads
 TRACEBACK_FRAMES = 20
 # Characters of JSON kept of a handler's result: a summary, such as a webhook's status and its
@@ -52,10 +55,21 @@ def run_batch(queue_id: int, batch: list[list[int]]) -> dict[str, int]:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="item") as pool:
             outcomes = list(pool.map(lambda task: _run_one(function, task), tasks))
     results = lifecycle.finish(queue, outcomes, worker=worker_id())
+    _log_failures(queue, outcomes, results)
     summary = {kind: len(result.changed) for kind, result in results.items()}
     if len(expected) > len(started.changed):
         summary["stale"] = len(expected) - len(started.changed)
     return summary
+
+
+def _log_failures(queue: Queue, outcomes: list[lifecycle.Outcome], results: dict):
+    """One line per failed attempt, carrying queue, item and account as fields."""
+    errors = {outcome.item_id: outcome.error for outcome in outcomes if outcome.error}
+    for kind, verdict in (("retry", "retry scheduled"), ("fail", "dead-lettered")):
+        for row in results[kind].changed if kind in results else ():
+            log.warning("item %s attempt %s failed, %s: %s", row.id, row.attempts, verdict,
+                        errors.get(row.id, ""),
+                        extra=item_fields(queue.key, row.id, row.account, attempt=row.attempts))
 
 
 def _run_one(function, task: Task) -> lifecycle.Outcome:
