@@ -15,7 +15,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
 from queues import enqueue, tokens
-from queues.models import BulkOperation
+from queues.models import AuditEntry, BulkOperation
 from queues.permissions import ADMIN, OPERATOR, ROLES, VIEWER
 from tests.factories import QueueFactory
 
@@ -33,14 +33,15 @@ class Rule:
     role: str | None = VIEWER
     kwargs: dict = field(default_factory=dict)
     query: str = ""
+    data: dict = field(default_factory=dict)  # a valid POST, which must write an audit entry
 
 
 def page(role=VIEWER, query="", **kwargs):
     return Rule("page", role, kwargs, query)
 
 
-def action(role=OPERATOR, **kwargs):
-    return Rule("action", role, kwargs)
+def action(role=OPERATOR, data=None, **kwargs):
+    return Rule("action", role, kwargs, data=data or {})
 
 
 # One line per URL name. "$item", "$bulk" and "$token" are replaced by the ids of sample rows.
@@ -68,7 +69,7 @@ RULES = {
     "item_action": action(pk="$item", action="retry"),
     "search": page(),
     "activity": page(),
-    "run_selector": action(),
+    "run_selector": action(data={"queue": "q"}),
     "run_sweeper": action(),
     "workers": page(),
     "audit": page(),
@@ -76,7 +77,7 @@ RULES = {
     "dead_letters": page(),
     "preferences": Rule("self"),
     "tokens": page(ADMIN),
-    "token_create": action(ADMIN),
+    "token_create": action(ADMIN, data={"name": "walk", "all_queues": "on"}),
     "token_revoke": action(ADMIN, pk="$token"),
     # Exceptions listed by the spec, and only these.
     "login": Rule("login", None),
@@ -151,7 +152,7 @@ def sample():
     item = enqueue("q", account="acme", identifier="walk-1", payload={"n": 1})
     bulk = BulkOperation.objects.create(
         queue=queue, kind="retry", actor_name="walker", filter={}, filter_hash="0" * 64,
-        expected=0, created_at=timezone.now(), state="done", finished_at=timezone.now())
+        expected=0, created_at=timezone.now())  # running, so that stopping it changes it
     token, _ = tokens.create("walker", all_queues=True)
     return {"$item": item.pk, "$bulk": bulk.pk, "$token": token.pk}
 
@@ -184,6 +185,19 @@ def at_or_above(role):
     return ROLES[ROLES.index(role):]
 
 
+def header_problems(response) -> list[str]:
+    """The security headers every dashboard response carries, CSP included."""
+    policy = response.get("Content-Security-Policy", "")
+    expected = {"X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
+                "X-Content-Type-Options": "nosniff"}
+    problems = [f"{header} is {response.get(header)!r}" for header, value in expected.items()
+                if response.get(header) != value]
+    if not ("script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+            and "unsafe-inline" not in policy and "unsafe-eval" not in policy):
+        problems.append(f"CSP is {policy!r}")
+    return problems
+
+
 def goes_to_login(response):
     return response.status_code == 302 and response["Location"].startswith(f"{LOGIN}?next=")
 
@@ -210,6 +224,7 @@ def test_url_follows_its_rule(name, namespace, kwarg_names, sample, clients):
         for role in at_or_above(rule.role):
             response = clients[role, False].get(url)
             expect(response.status_code == 200, f"{role} GET -> 200", response)
+            problems.extend(header_problems(response))
             response = clients[role, False].post(url)
             expect(response.status_code == 405, f"{role} POST -> 405 (a page)", response)
     elif rule.kind == "action":
@@ -226,9 +241,12 @@ def test_url_follows_its_rule(name, namespace, kwarg_names, sample, clients):
         allowed = rule.role
         response = clients[allowed, True].post(url)
         expect(response.status_code == 403, f"{allowed} POST without CSRF -> 403", response)
-        response = clients[allowed, False].post(url)
+        before = AuditEntry.objects.count()
+        response = clients[allowed, False].post(url, rule.data)
         expect(response.status_code not in (401, 403, 405, 500),
                f"{allowed} POST with CSRF -> allowed", response)
+        if response.status_code < 400:
+            expect(AuditEntry.objects.count() > before, f"{allowed} POST -> audited", response)
     elif rule.kind == "self":
         expect(goes_to_login(anonymous.get(url)), "anonymous GET -> login page",
                anonymous.get(url))
