@@ -3,74 +3,35 @@ process on its own file-backed database (an SQLite file, or a separate PostgreSQ
 the suite runs on PostgreSQL). axe-core checks every page for serious and critical violations;
 screenshots are saved under var/test-artifacts/browser/."""
 
-import os
 import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from django.conf import settings
-from django.db import connection
 
 from queues import processes
-from tests.browser.seed import PASSWORD
+from tests.browser import support
+from tests.browser.support import CHROMIUM, CHROMIUM_ARGS, check_accessibility
 
-CHROMIUM = "/usr/bin/chromium"
-AXE_DIR = settings.BASE_DIR / "var" / "axe"
-AXE = AXE_DIR / "node_modules" / "axe-core" / "axe.min.js"
-ARTIFACTS = settings.BASE_DIR / "var" / "test-artifacts" / "browser"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-
-if not Path(CHROMIUM).exists():
+if not support.HAVE_CHROMIUM:
     pytest.skip("Debian chromium is not installed (apt-get install chromium)",
                 allow_module_level=True)
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
 
-def _database_url(tmp: Path) -> str:
-    if connection.vendor != "postgresql":
-        return f"sqlite:///{tmp / 'browser.sqlite3'}"
-    import psycopg
-
-    db = connection.settings_dict
-    name = f"{db['NAME']}_browser"
-    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"],
-                         password=db["PASSWORD"] or None, dbname="postgres",
-                         autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = urlsplit(processes.database_url())
-    return urlunsplit(url._replace(path=f"/{name}"))
-
-
-def _run(env: dict, *args: str):
-    subprocess.run([sys.executable, *args], env=os.environ | env, check=True,  # noqa: S603
-                   cwd=settings.BASE_DIR, capture_output=True, text=True)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("browser")
-    env = {"DATABASE_URL": _database_url(tmp), "QUEUEADMIN_ENV": "development", "DEBUG": "true"}
-    _run(env, "manage.py", "migrate", "--noinput", "-v0")
-    _run(env, "-c", "import django; django.setup(); from tests.browser.seed import seed; seed()")
+    database = support.ServerDatabase(tmp_path_factory.mktemp("browser"), "browser")
+    env = database.env()
+    support.migrate_and_seed(env)
     port = processes.free_port()
-    web = processes.start_web(port, env=env | {"DJANGO_SETTINGS_MODULE": "queueadmin.settings"})
+    web = processes.start_web(port, env=env)
     yield f"http://127.0.0.1:{port}"
     processes.stop([web])
+    database.drop()
 
 
 @pytest.fixture(scope="module")
 def axe_source():
-    if not AXE.exists() and shutil.which("npm"):
-        AXE_DIR.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "axe-core@4"],  # noqa: S607
-                       cwd=AXE_DIR, check=True, capture_output=True)
-    assert AXE.exists(), "axe-core is missing: npm install --prefix var/axe axe-core@4"
-    return AXE.read_text()
+    return support.axe_source()
 
 
 @pytest.fixture(scope="module")
@@ -96,29 +57,13 @@ def page_as(browser, server, request):
         page.on("response", lambda r: problems.append(f"{r.status} {r.url}")
                 if r.status >= 404 else None)
         page.on("pageerror", lambda e: problems.append(str(e)))
-        page.goto(f"{server}/accounts/login/")
-        page.get_by_label("Username").fill(username)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url(f"{server}/")
+        support.sign_in(page, server, username)
         return page
 
     yield open_as
     for context in contexts:
         context.close()
     assert not problems, problems
-
-
-def check_accessibility(page, axe_source, name: str):
-    """axe-core in the page (through the DevTools protocol, which the CSP does not block);
-    serious and critical violations fail the test. Saves a screenshot as an artifact."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=ARTIFACTS / f"{name}-{connection.vendor}.png", full_page=True)
-    page.evaluate(axe_source)
-    result = page.evaluate("axe.run(document, {resultTypes: ['violations']})")
-    bad = [(v["id"], v["impact"], [n["target"] for n in v["nodes"]][:3])
-           for v in result["violations"] if v["impact"] in ("serious", "critical")]
-    assert not bad, f"{name}: {bad}"
 
 
 @pytest.mark.parametrize("username", ["viewer", "operator", "admin"])

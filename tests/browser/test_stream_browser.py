@@ -6,26 +6,23 @@ it showed, without gaps or duplicates.
 Fixtures are this module's own (names prefixed stream_): the restart needs a server the test
 can stop and start on the same port, which the dashboard's module-scoped server is not."""
 
-import os
-import subprocess
-import sys
-import uuid
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
-
 import pytest
 import requests
-from django.conf import settings
-from django.db import connection
 
 from queues import processes
-from tests.browser.seed import PASSWORD
+from tests.browser.support import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    HAVE_CHROMIUM,
+    ServerDatabase,
+    migrate_and_seed,
+    run,
+    sign_in,
+)
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 WAIT_MS = 15_000
 
-if not Path(CHROMIUM).exists():
+if not HAVE_CHROMIUM:
     pytest.skip("Debian chromium is not installed (apt-get install chromium)",
                 allow_module_level=True)
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -34,31 +31,11 @@ playwright_sync = pytest.importorskip("playwright.sync_api")
 @pytest.fixture(scope="module")
 def stream_env(tmp_path_factory):
     """Environment of the server and of the commands run on its database."""
-    if connection.vendor != "postgresql":
-        url = f"sqlite:///{tmp_path_factory.mktemp('stream-browser') / 'db.sqlite3'}"
-    else:
-        import psycopg
-
-        db = connection.settings_dict
-        name = f"{db['NAME']}_stream_{uuid.uuid4().hex[:6]}"
-        admin = {"host": db["HOST"], "port": db["PORT"] or 5432, "user": db["USER"],
-                 "password": db["PASSWORD"] or None, "dbname": "postgres", "autocommit": True}
-        with psycopg.connect(**admin) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        url = urlunsplit(urlsplit(processes.database_url())._replace(path=f"/{name}"))
-    env = {"DATABASE_URL": url, "QUEUEADMIN_ENV": "development", "DEBUG": "true",
-           "DJANGO_SETTINGS_MODULE": "queueadmin.settings"}
-    run(env, "manage.py", "migrate", "--noinput", "-v0")
-    run(env, "-c", "import django; django.setup(); from tests.browser.seed import seed; seed()")
+    database = ServerDatabase(tmp_path_factory.mktemp("stream-browser"), "stream")
+    env = database.env()
+    migrate_and_seed(env)
     yield env
-    if connection.vendor == "postgresql":
-        with psycopg.connect(**admin) as conn:
-            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-
-
-def run(env: dict, *args: str) -> str:
-    return subprocess.run([sys.executable, *args], env=os.environ | env, check=True,  # noqa: S603
-                          cwd=settings.BASE_DIR, capture_output=True, text=True).stdout.strip()
+    database.drop()
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +85,7 @@ def stream_page(stream_server):
         page.on("console", lambda m: problems.append(m.text)
                 if "Content Security Policy" in m.text else None)
         page.on("pageerror", lambda e: problems.append(str(e)))
-        page.goto(f"{stream_server.url}/accounts/login/")
-        page.get_by_label("Username").fill("viewer")
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url(f"{stream_server.url}/")
+        sign_in(page, stream_server.url, "viewer")
         yield page
         browser.close()
     assert not problems, problems

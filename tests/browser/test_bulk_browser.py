@@ -1,0 +1,91 @@
+"""The bulk flow in Debian's headless Chromium, with a uvicorn server and a django-q2 cluster
+as child processes on a database of their own: pause the queue, preview a bulk retry by time
+range and status, confirm, watch the operation finish; then cancel a selection of items."""
+
+import pytest
+
+from queues import processes
+from tests.browser.support import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    HAVE_CHROMIUM,
+    ServerDatabase,
+    axe_source,
+    check_accessibility,
+    migrate_and_seed,
+    sign_in,
+)
+
+if not HAVE_CHROMIUM:
+    pytest.skip("Debian chromium is not installed (apt-get install chromium)",
+                allow_module_level=True)
+playwright_sync = pytest.importorskip("playwright.sync_api")
+WAIT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def bulk_server(tmp_path_factory):
+    database = ServerDatabase(tmp_path_factory.mktemp("bulk-browser"), "bulk")
+    env = database.env()
+    migrate_and_seed(env)
+    port = processes.free_port()
+    children = [processes.start_web(port, env=env),
+                processes.start_manage("qcluster", env=env | {"QUEUEADMIN_WORKERS": "2"})]
+    yield f"http://127.0.0.1:{port}"
+    processes.stop(children)
+    database.drop()
+
+
+@pytest.fixture
+def operator_page(bulk_server):
+    problems = []
+    with playwright_sync.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.on("dialog", lambda dialog: dialog.accept())  # the confirmations
+        sign_in(page, bulk_server, "operator")
+        yield page
+        browser.close()
+    assert not problems, problems
+
+
+def test_bulk_retry_by_time_range_and_status_then_cancel_a_selection(operator_page):
+    page, expect = operator_page, playwright_sync.expect
+    page.get_by_role("link", name="Emails").click()
+    # Paused, so the cluster's selector leaves the items where the test put them.
+    page.get_by_role("button", name="Pause queue").click()
+    expect(page.locator("#queue-pause")).to_contain_text("Paused by operator")
+
+    page.get_by_role("link", name="Bulk retry / cancel").click()
+    page.get_by_label("Retry", exact=True).check()
+    page.get_by_label("Complete").check()
+    page.get_by_label("Time range").select_option("7d")
+    page.get_by_role("button", name="Preview").click()
+    expect(page.locator("#bulk-preview")).to_contain_text("Eligible")
+    expect(page.locator("#bulk-preview dd").nth(1)).to_have_text("4")
+    axe = axe_source()
+    check_accessibility(page, axe, "bulk-preview")
+    page.get_by_role("button", name="Retry 4 items").click()
+
+    expect(page.locator("#bulk-progress")).to_contain_text("Done", timeout=WAIT_MS)
+    expect(page.locator("#bulk-progress")).to_contain_text("Changed")
+    expect(page.locator("#bulk-progress dd").nth(1)).to_have_text("4")
+    check_accessibility(page, axe, "bulk-operation")
+
+    page.get_by_role("link", name="Items").click()
+    page.get_by_label("Scheduled for Retry").check()
+    expect(page.get_by_role("link", name="retrying-0")).to_be_visible()
+    page.get_by_label("Select retrying-0").check()
+    page.get_by_label("Select retrying-2").check()
+    page.get_by_role("button", name="Cancel selected…").click()
+    expect(page.locator("#bulk-preview")).to_contain_text("2 selected items")
+    page.get_by_role("button", name="Cancel 2 items").click()
+    expect(page.locator("#bulk-progress")).to_contain_text("Done", timeout=WAIT_MS)
+
+    page.get_by_role("link", name="Items").click()
+    page.get_by_label("Cancelled").check()
+    expect(page.get_by_role("link", name="retrying-0")).to_be_visible()
+    expect(page.get_by_role("link", name="retrying-2")).to_be_visible()
+    expect(page.get_by_role("link", name="retrying-1")).to_have_count(0)
