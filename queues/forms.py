@@ -12,7 +12,17 @@ from queues.models import MAX_ACCOUNT_LENGTH, MAX_IDENTIFIER_LENGTH, Queue, Stat
 
 MAX_SELECTION = 1000  # as queues.bulk.MAX_SELECTION: one page of ids per request
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+MAX_RANGE = timedelta(days=366)
 DATETIME_LOCAL = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"]
+
+
+def check_range(form, start, end, start_field="created_from", end_field="created_to"):
+    """From before To, at most MAX_RANGE apart (an open To means now): a mistyped year becomes
+    a form error instead of a count or a bulk change over every item ever enqueued."""
+    if start and end and start >= end:
+        form.add_error(end_field, "Must be after From.")
+    elif start and (end or timezone.now()) - start > MAX_RANGE:
+        form.add_error(start_field, f"A time range covers at most {MAX_RANGE.days} days.")
 
 
 class QueueFilterForm(forms.Form):
@@ -54,9 +64,7 @@ class ItemFilterForm(forms.Form):
             data["created_to"] = None
         elif period != "custom":
             data["created_from"] = data["created_to"] = None
-        start, end = data.get("created_from"), data.get("created_to")
-        if start and end and start >= end:
-            self.add_error("created_to", "Must be after From.")
+        check_range(self, data.get("created_from"), data.get("created_to"))
         data["cursor"] = parse_cursor(data["before"]) if data.get("before") else None
         return data
 
@@ -129,9 +137,7 @@ class BulkForm(forms.Form):
                     self.add_error(name, "Required for a custom range.")
         else:
             self.add_error("period", "Choose a time range.")
-        start, end = data.get("created_from"), data.get("created_to")
-        if start and end and start >= end:
-            self.add_error("created_to", "Must be after From.")
+        check_range(self, data.get("created_from"), data.get("created_to"))
         return data
 
     def _selected_ids(self) -> list[int]:
