@@ -309,3 +309,18 @@ def test_django_admin_site_edits_need_csrf(clients, sample):
     queue_id = QueueFactory(key="q").pk
     url = reverse("admin:queues_queue_change", args=[queue_id])
     assert clients[ADMIN, True].post(url, {"name": "x"}).status_code == 403
+
+
+def test_health_and_metrics_are_the_only_paths_answered_before_the_urlconf():
+    """They are served by queues.health.ProbeMiddleware, ahead of sessions and the URLconf."""
+    from queues.health import PROBE_PATHS
+
+    assert set(PROBE_PATHS) == {"/healthz", "/metrics"}
+
+
+def test_health_is_public_and_metrics_refuses_an_unknown_network_without_a_token(db):
+    health = Client().get("/healthz")
+    assert health.status_code == 200 and "sessionid" not in health.cookies
+    metrics = Client(REMOTE_ADDR="203.0.113.9").get("/metrics")
+    assert metrics.status_code in (401, 403)
+    assert b"queueadmin_" not in metrics.content
