@@ -99,7 +99,8 @@ def test_admin_editing_queue_settings_is_audited(role_client, queue):
     form = client.get(f"/django-admin/queues/queue/{queue.pk}/change/").context["adminform"].form
     data = {k: v for k, v in form.initial.items() if v is not None}
     data.update({"key": "q", "name": "Renamed", "backoff_seconds": "[120, 600]",
-                 "handler_options": "{}", "dispatch_timeout": "00:05:00",
+                 "handler_options": "{}", "sensitive_keys": '["password"]',
+                 "dispatch_timeout": "00:05:00",
                  "stale_threshold": "02:00:00", "policies-TOTAL_FORMS": "0",
                  "policies-INITIAL_FORMS": "0"})
     response = client.post(f"/django-admin/queues/queue/{queue.pk}/change/", data)
