@@ -467,6 +467,8 @@ def _bulk_backlog(queue: Queue, status: str, items: int, days: int):
             "CASE WHEN %s = 'failed' THEN now() ELSE NULL END "
             "FROM generate_series(1, %s) AS n",
             [queue.pk, run, status, status, items, days, status, items])
+        # As autovacuum would soon: the planner must know the new rows are there.
+        cursor.execute(f"ANALYZE {Item._meta.db_table}")
     for status_, count in counters.exact_counts([queue.pk])[queue.pk].items():
         StatusCount.objects.update_or_create(queue=queue, status=status_,
                                              defaults={"count": count})

@@ -28,7 +28,7 @@ from queues import audit, lifecycle
 from queues.models import LIVE_STATUSES, BulkOperation, DeadLetter, Item, Queue, Status
 
 log = logging.getLogger(__name__)
-STEP_SIZE = 1000
+STEP_SIZE = 500
 # Each task runs steps for about this long, then re-enqueues itself: no task runs long, and
 # the broker's pickup latency is paid once per few dozen steps instead of once per step.
 TASK_SECONDS = 5.0
