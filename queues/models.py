@@ -459,7 +459,7 @@ class UserPreference(models.Model):
 
 
 class BulkOperation(models.Model):
-    """A bulk retry or cancel over a frozen filter, run as resumable steps of at most 1000 items
+    """A bulk retry or cancel over a frozen filter, run as resumable steps of at most 500 items
     (queues.bulk). The record is the operation's progress, result and audit trail."""
 
     class Kind(models.TextChoices):
