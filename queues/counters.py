@@ -112,16 +112,11 @@ def exact_counts(queue_ids: Iterable[int]) -> dict[int, dict[str, int]]:
     return counts
 
 
-def in_flight(queue_id: int) -> int:
-    """Dispatched plus running items of one queue, in one short statement: the selector asks
-    this every round."""
+def in_flight_sql() -> str:
+    """Dispatched plus running items of one queue as an SQL expression taking the queue id
+    twice: the selector embeds it in the statement that reads its settings."""
     statuses = ", ".join(f"'{s}'" for s in (Status.DISPATCHED, Status.RUNNING))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT (SELECT COALESCE(SUM(count), 0) FROM {StatusCount._meta.db_table} "
+    return (f"(SELECT COALESCE(SUM(count), 0) FROM {StatusCount._meta.db_table} "
             f"WHERE queue_id = %s AND status IN ({statuses})) + "
             f"(SELECT COALESCE(SUM(delta), 0) FROM {CounterDelta._meta.db_table} "
-            f"WHERE queue_id = %s AND status IN ({statuses}))",
-            [queue_id, queue_id],
-        )
-        return int(cursor.fetchone()[0])
+            f"WHERE queue_id = %s AND status IN ({statuses}))")

@@ -65,15 +65,17 @@ def run_round(queue: Queue) -> Round:
         # Timed from holding the lock to just before commit, so recorded rounds of one queue
         # never overlap.
         started, now = time.perf_counter(), timezone.now()
-        previous_cursor, globally_paused = _refresh_settings(queue)
-        if queue.paused or globally_paused:
-            result.skipped = "paused globally" if globally_paused else "paused"
+        state = _refresh_settings(queue)
+        previous_cursor = state.cursor
+        if queue.paused or state.globally_paused:
+            result.skipped = "paused globally" if state.globally_paused else "paused"
             return result
-        result.capacity = _capacity(queue, now)
+        result.capacity = _capacity(queue, now, state.in_flight)
         if result.capacity <= 0:
             result.skipped = "full"
             return result
-        policies = list(AccountPolicy.objects.filter(queue=queue))
+        # Most queues have no account policies: then there is nothing to read.
+        policies = list(AccountPolicy.objects.filter(queue=queue)) if state.has_policies else []
         excluded, caps, weights = _apply_policies(queue, policies)
         accounts = _next_accounts(queue, now, previous_cursor, result.capacity, excluded)
         demand, plan, cursor = _plan(queue, now, accounts, result.capacity, previous_cursor,
@@ -121,19 +123,30 @@ def tick(seconds: float = 50.0, idle_sleep: float = 1.0) -> dict[str, int]:
     return dict(taken)
 
 
-def _refresh_settings(queue: Queue) -> tuple[str, bool]:
-    """Re-read what an admin may have changed since the queue was loaded (pause, sizes), with
-    the cursor and the global pause, in one statement. Returns (cursor, globally paused)."""
+@dataclass(frozen=True)
+class RoundState:
+    cursor: str
+    globally_paused: bool
+    in_flight: int
+    has_policies: bool
+
+
+def _refresh_settings(queue: Queue) -> RoundState:
+    """Re-read, in one statement, what may have changed since the queue was loaded (pause,
+    sizes), the cursor, the global pause, the items in flight and whether any account has a
+    policy."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT q.paused, q.batch_size, q.concurrency, q.rate_limit_per_minute, s.cursor, "
-            f"COALESCE(g.paused, %s) "
+            f"COALESCE(g.paused, %s), {counters.in_flight_sql()}, "
+            f"EXISTS (SELECT 1 FROM {AccountPolicy._meta.db_table} p WHERE p.queue_id = q.id) "
             f"FROM {Queue._meta.db_table} q LEFT JOIN {SelectorState._meta.db_table} s "
             f"ON s.queue_id = q.id LEFT JOIN {GlobalPause._meta.db_table} g ON g.id = 1 "
-            f"WHERE q.id = %s", [False, queue.pk])
+            f"WHERE q.id = %s", [False, queue.pk, queue.pk, queue.pk])
         (queue.paused, queue.batch_size, queue.concurrency, queue.rate_limit_per_minute,
-         previous_cursor, globally_paused) = cursor.fetchone()
-    return previous_cursor or "", bool(globally_paused)
+         cursor_value, globally_paused, in_flight, has_policies) = cursor.fetchone()
+    return RoundState(cursor_value or "", bool(globally_paused), int(in_flight),
+                      bool(has_policies))
 
 
 def _record_round(queue: Queue, now: datetime, cursor: str, result: Round):
@@ -168,8 +181,8 @@ def _try_lock(queue: Queue) -> bool:
         return cursor.fetchone()[0]
 
 
-def _capacity(queue: Queue, now: datetime) -> int:
-    capacity = min(queue.batch_size, queue.concurrency - counters.in_flight(queue.pk))
+def _capacity(queue: Queue, now: datetime, in_flight: int) -> int:
+    capacity = min(queue.batch_size, queue.concurrency - in_flight)
     if queue.rate_limit_per_minute is not None:
         recent = SelectorRound.objects.filter(
             queue=queue, started_at__gt=now - timedelta(minutes=1)
