@@ -1,4 +1,6 @@
 from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
 
 from queues import audit
 from queues.models import AccountPolicy, DeadLetter, Item, Queue
@@ -94,3 +96,24 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     list_filter = ("queue", "reason")
     show_full_result_count = False
     raw_id_fields = ("item",)
+
+
+# Users and roles (groups) are edited here too; a role change is a mutation like any other, so
+# Django's own user and group admins are replaced by audited ones.
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class AuditedUserAdmin(AuditedAdmin, UserAdmin):
+    def user_change_password(self, request, id, form_url=""):
+        response = super().user_change_password(request, id, form_url)
+        if request.method == "POST" and response.status_code == 302:
+            target = f"user:{self.get_object(request, id)}"
+            audit.record(request.user, "admin.password", target=target, counts={"rows": 1})
+        return response
+
+
+@admin.register(Group)
+class AuditedGroupAdmin(AuditedAdmin, GroupAdmin):
+    pass

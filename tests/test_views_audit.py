@@ -127,3 +127,23 @@ def test_dashboard_mutations_are_audited(role_client):
     assert set(AuditEntry.objects.values_list("action", flat=True)) == {
         "selector.run", "sweeper.run"}
     assert set(AuditEntry.objects.values_list("actor_name", flat=True)) == {"operator-user"}
+
+
+def test_user_and_role_edits_in_the_admin_site_are_audited(role_client):
+    from django.contrib.auth.models import User
+
+    client = role_client("Admin")
+    response = client.post("/django-admin/auth/group/add/", {"name": "Auditors"})
+    assert response.status_code == 302
+    response = client.post("/django-admin/auth/user/add/", {
+        "username": "newbie", "password1": "a-long-password-1",
+        "password2": "a-long-password-1", "usable_password": "true"})
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    newbie = User.objects.get(username="newbie")
+    response = client.post(f"/django-admin/auth/user/{newbie.pk}/password/", {
+        "password1": "another-password-2", "password2": "another-password-2",
+        "usable_password": "true"})
+    assert response.status_code == 302
+    entries = list(AuditEntry.objects.order_by("id").values_list("action", "target"))
+    assert entries == [("admin.add", "group:Auditors"), ("admin.add", "user:newbie"),
+                       ("admin.password", "user:newbie")]
