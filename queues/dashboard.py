@@ -81,9 +81,10 @@ def queue_summaries(queues: list[Queue], now: datetime) -> list[QueueSummary]:
             .order_by("created_at").values("created_at")[:1]
         )).values_list("pk", "oldest")
     )
+    timings = _timings(ids, now)
     summaries = []
     for queue in queues:
-        wait, run = _timings(queue, now)
+        wait, run = timings.get(queue.pk, (None, None))
         summary = QueueSummary(
             queue=queue, counts=counts[queue.pk], completed=completed[queue.pk],
             failed=failed[queue.pk], oldest_waiting=oldest.get(queue.pk), wait=wait, run=run)
@@ -116,20 +117,28 @@ def _outcomes_per_minute(ids: list[int], now: datetime):
     return completed, failed
 
 
-def _timings(queue: Queue, now: datetime):
-    """Wait (ready to started) and run time percentiles of the latest finished items."""
-    rows = list(
-        Item.objects.filter(queue=queue, status__in=(Status.COMPLETE, Status.FAILED),
-                            finished_at__gte=now - timedelta(hours=1),
-                            started_at__isnull=False)
-        .order_by("-finished_at").values_list("run_at", "started_at", "finished_at")
-        [:TIMING_SAMPLE]
-    )
-    if not rows:
-        return None, None
-    waits = [max(0.0, (started - ready).total_seconds()) for ready, started, _ in rows]
-    runs = [(finished - started).total_seconds() for _, started, finished in rows]
-    return _p50_p95(waits), _p50_p95(runs)
+def _timings(ids: list[int], now: datetime) -> dict[int, tuple]:
+    """Wait (ready to started) and run time percentiles of each queue's latest finished items,
+    in one statement: a short index-ordered scan per queue, merged with UNION ALL."""
+    parts, params = [], []
+    for queue_id in ids:
+        query = (Item.objects.filter(queue_id=queue_id, status__in=(Status.COMPLETE, Status.FAILED),
+                                     finished_at__gte=now - timedelta(hours=1),
+                                     started_at__isnull=False)
+                 .order_by("-finished_at")
+                 .only("id", "queue_id", "run_at", "started_at", "finished_at")[:TIMING_SAMPLE])
+        sql, part_params = query.query.sql_with_params()
+        parts.append(f"SELECT * FROM ({sql}) AS t{len(parts)}")
+        params += part_params
+    samples = defaultdict(list)
+    for item in Item.objects.raw(" UNION ALL ".join(parts), params):
+        samples[item.queue_id].append(item)
+    timings = {}
+    for queue_id, items in samples.items():
+        waits = [max(0.0, (i.started_at - i.run_at).total_seconds()) for i in items]
+        runs = [(i.finished_at - i.started_at).total_seconds() for i in items]
+        timings[queue_id] = (_p50_p95(waits), _p50_p95(runs))
+    return timings
 
 
 def _p50_p95(values: list[float]) -> tuple[float, float]:
