@@ -15,6 +15,8 @@ from tests.browser.support import (
     CHROMIUM_ARGS,
     HAVE_CHROMIUM,
     ServerDatabase,
+    axe_source,
+    check_accessibility,
     migrate_and_seed,
     run,
     sign_in,
@@ -108,6 +110,7 @@ def test_rows_arrive_in_order_pause_resume_and_survive_a_server_restart(
     page.goto(f"{stream_server.url}/queues/emails/stream/")
     expect(page.locator("#stream-connection")).to_have_text("Live", timeout=WAIT_MS)
     expect(page.locator("#stream-rows tr").first).to_be_visible(timeout=WAIT_MS)
+    check_accessibility(page, axe_source(), "stream")
     before = shown(page)
 
     for n in range(3):
