@@ -25,13 +25,24 @@ def check_range(form, start, end, start_field="created_from", end_field="created
         form.add_error(start_field, f"A time range covers at most {MAX_RANGE.days} days.")
 
 
+class TimeRangeForm(forms.Form):
+    """From / to fields in the user's time zone (typed, or filled in from a preset)."""
+
+    created_from = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL,
+                                       label="From", widget=forms.DateTimeInput(
+                                           attrs={"type": "datetime-local"}))
+    created_to = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL, label="To",
+                                     widget=forms.DateTimeInput(
+                                         attrs={"type": "datetime-local"}))
+
+
 class QueueFilterForm(forms.Form):
     q = forms.CharField(required=False, max_length=100, label="Find a queue")
     show = forms.ChoiceField(required=False, choices=[
         ("", "All queues"), ("alerting", "With alerts"), ("paused", "Paused")], label="Show")
 
 
-class ItemFilterForm(forms.Form):
+class ItemFilterForm(TimeRangeForm):
     status = forms.MultipleChoiceField(required=False, choices=Status.choices,
                                        widget=forms.CheckboxSelectMultiple)
     account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
@@ -41,12 +52,6 @@ class ItemFilterForm(forms.Form):
     period = forms.ChoiceField(required=False, label="Created", choices=[
         ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
         ("custom", "From / to")])
-    created_from = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL,
-                                       label="From", widget=forms.DateTimeInput(
-                                           attrs={"type": "datetime-local"}))
-    created_to = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL, label="To",
-                                     widget=forms.DateTimeInput(
-                                         attrs={"type": "datetime-local"}))
     before = forms.CharField(required=False, max_length=60, widget=forms.HiddenInput)
 
     def clean_before(self):
@@ -90,7 +95,7 @@ class TimeZoneForm(forms.Form):
     time_zone = forms.ChoiceField(choices=_time_zone_choices, label="Time zone")
 
 
-class BulkForm(forms.Form):
+class BulkForm(TimeRangeForm):
     """What to change: the action, a time range (a preset becomes absolute times when the
     preview is made), statuses, and optional account, error text and dead-letter reason; or a
     selection of items (`ids`), which needs neither statuses nor a range."""
@@ -103,12 +108,6 @@ class BulkForm(forms.Form):
     period = forms.ChoiceField(required=False, label="Time range", choices=[
         ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
         ("custom", "From / to")])
-    created_from = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL,
-                                       label="From", widget=forms.DateTimeInput(
-                                           attrs={"type": "datetime-local"}))
-    created_to = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL, label="To",
-                                     widget=forms.DateTimeInput(
-                                         attrs={"type": "datetime-local"}))
     account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
     error = forms.CharField(required=False, max_length=200, label="Error contains")
     reason = forms.ChoiceField(required=False, label="Dead-letter reason", choices=[

@@ -4,22 +4,14 @@ tests/test_security_xss.py. The item pages, the lists and the live stream (rows 
 server-sent events and swapped in by htmx) must open no dialog, log no console error (a CSP
 violation would be one), and send no request that data asked for."""
 
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from django.conf import settings
-from django.db import connection
 
 from queues import processes
-from tests.browser.seed import PASSWORD
+from tests.browser import support
+from tests.browser.support import CHROMIUM, CHROMIUM_ARGS
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SEED = """
 import django; django.setup()
 from django.contrib.auth.models import Group, User
@@ -42,44 +34,23 @@ DeadLetter.objects.filter(item_id__in=ids).update(last_error=ALL)
 print(",".join(str(pk) for pk in ids))
 """
 
-if not Path(CHROMIUM).exists():
+if not support.HAVE_CHROMIUM:
     pytest.skip("Debian chromium is not installed (apt-get install chromium)",
                 allow_module_level=True)
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
 
-def _database_url(tmp: Path) -> str:
-    if connection.vendor != "postgresql":
-        return f"sqlite:///{tmp / 'xss.sqlite3'}"
-    import psycopg
-
-    db = connection.settings_dict
-    name = f"{db['NAME']}_xss"
-    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"],
-                         password=db["PASSWORD"] or None, dbname="postgres",
-                         autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = urlsplit(processes.database_url())
-    return urlunsplit(url._replace(path=f"/{name}"))
-
-
-def _run(env: dict, *args: str) -> str:
-    return subprocess.run([sys.executable, *args], env=os.environ | env,  # noqa: S603
-                          cwd=settings.BASE_DIR, check=True, capture_output=True,
-                          text=True).stdout
-
-
 @pytest.fixture(scope="module")
 def xss_server(tmp_path_factory):
-    env = {"DATABASE_URL": _database_url(tmp_path_factory.mktemp("xss")),
-           "QUEUEADMIN_ENV": "development", "DEBUG": "true"}
-    _run(env, "manage.py", "migrate", "--noinput", "-v0")
-    item_ids = _run(env, "-c", SEED).strip().splitlines()[-1].split(",")
+    database = support.ServerDatabase(tmp_path_factory.mktemp("xss"), "xss")
+    env = database.env()
+    support.run(env, "manage.py", "migrate", "--noinput", "-v0")
+    item_ids = support.run(env, "-c", SEED).splitlines()[-1].split(",")
     port = processes.free_port()
-    web = processes.start_web(port, env=env | {"DJANGO_SETTINGS_MODULE": "queueadmin.settings"})
+    web = processes.start_web(port, env=env)
     yield f"http://127.0.0.1:{port}", item_ids
     processes.stop([web])
+    database.drop()
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +72,7 @@ def test_hostile_data_opens_no_dialog_and_runs_nothing(xss_browser, xss_server, 
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("request", lambda r: requested.append(r.url) if "xss1" in r.url
             and "/accounts/login/" not in r.url else None)
-    page.goto(f"{server}/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url(f"{server}/")
+    support.sign_in(page, server, username)
     for pk in item_ids:
         page.goto(f"{server}/items/{pk}/")
         page.wait_for_load_state("networkidle")
