@@ -41,6 +41,7 @@ BACKLOG_SIZE = 50  # events a new stream starts with
 READ_LIMIT = 1000  # rows per hub read; a longer backlog is read in several steps
 MISSED_LIMIT = 1000  # events a resuming stream catches up; older ones are reported as skipped
 START_WINDOW = 10_000  # ids below the newest one checked for in-flight transactions at start
+MAX_PENDING = 20_000  # pending ids a position holds at most (START_WINDOW fits with room)
 SQLITE_POLL_SECONDS = 0.5
 PENDING_RECHECK_SECONDS = 5.0  # a commit notifies; only a rollback (silent) needs this re-read
 COALESCE_SECONDS = 0.02  # after a read, notifications of the next 20 ms share one read
@@ -91,10 +92,21 @@ class Cursor:
         return event_id <= self.last and event_id not in self.pending
 
     def encode(self) -> str:
-        """"120" or "120-117:5531,118:5531": compact enough for an SSE id and a data attribute."""
+        """"120", or "120-117:5531,118~119:5532" with runs of ids that share a horizon written
+        as ranges: ids freed by rollbacks come in runs, and a long transaction elsewhere can
+        keep thousands of them pending, which must still fit an SSE id and a URL."""
         if not self.pending:
             return str(self.last)
-        return f"{self.last}-" + ",".join(f"{i}:{x}" for i, x in sorted(self.pending.items()))
+        parts, run = [], None
+        for event_id, horizon in sorted(self.pending.items()):
+            if run and event_id == run[1] + 1 and horizon == run[2]:
+                run[1] = event_id
+                continue
+            if run:
+                parts.append(_run_text(*run))
+            run = [event_id, event_id, horizon]
+        parts.append(_run_text(*run))
+        return f"{self.last}-" + ",".join(parts)
 
     @classmethod
     def parse(cls, text: str | None) -> "Cursor | None":
@@ -105,13 +117,22 @@ class Cursor:
             last = int(head)
             pending = {}
             for part in filter(None, tail.split(",")):
-                event_id, _, horizon = part.partition(":")
-                pending[int(event_id)] = int(horizon)
+                ids, _, horizon = part.partition(":")
+                first, _, end = ids.partition("~")
+                first, end = int(first), int(end or first)
+                # A forged range must not make the server build a huge set.
+                if end < first or len(pending) + end - first >= MAX_PENDING:
+                    return None
+                pending.update(dict.fromkeys(range(first, end + 1), int(horizon)))
         except ValueError:
             return None
         if last < 0 or any(i > last or i < 1 or x < 0 for i, x in pending.items()):
             return None
         return cls(last, pending)
+
+
+def _run_text(first: int, end: int, horizon: int) -> str:
+    return f"{first}:{horizon}" if first == end else f"{first}~{end}:{horizon}"
 
 
 @dataclass(frozen=True)
@@ -210,6 +231,15 @@ def read(position: Cursor, limit: int = READ_LIMIT) -> Batch:
     for event_id in range(position.last + 1, last):
         if event_id not in found:
             pending[event_id] = xmax
+    if len(pending) > MAX_PENDING:
+        # Only a transaction open for very long (or ids freed by many rollbacks) gets here:
+        # the oldest ids are given up so that positions stay bounded; said in the log.
+        dropped = sorted(pending)[:len(pending) - MAX_PENDING]
+        log.warning("stream gave up %d pending event ids below %d", len(dropped),
+                    dropped[-1] + 1)
+        for event_id in dropped:
+            del pending[event_id]
+            resolved.add(event_id)
     return Batch(events, Cursor(last, pending), frozenset(resolved), complete=len(rows) < limit)
 
 

@@ -49,7 +49,17 @@ def test_a_position_survives_its_text_form():
 
 
 @pytest.mark.django_db(transaction=False)
-@pytest.mark.parametrize("text", ["", "x", "-3", "10-11:5", "10-3", "10-3:x", "5-0:1"])
+def test_runs_of_pending_ids_are_written_as_ranges():
+    # Ids freed by rollbacks come in runs; a long transaction elsewhere keeps them pending.
+    position = Cursor(20_000, {i: 61979 for i in range(3, 12_000)} | {15_000: 61980})
+    text = position.encode()
+    assert text == "20000-3~11999:61979,15000:61980"
+    assert Cursor.parse(text) == position
+
+
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.parametrize("text", ["", "x", "-3", "10-11:5", "10-3", "10-3:x", "5-0:1",
+                                  "10-5~3:1", "10-4~11:1", f"{10**12}-1~{10**12}:1"])
 def test_a_malformed_position_is_refused(text):
     assert Cursor.parse(text) is None
 
