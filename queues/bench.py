@@ -474,19 +474,29 @@ def _bulk_backlog(queue: Queue, status: str, items: int, days: int):
                                              defaults={"count": count})
 
 
-def _time_rounds_until(queue: Queue, done: threading.Event, latencies: list[float]):
-    """In a thread: selector rounds until `done` is set (its own database connection)."""
-    try:
-        while not done.is_set():
-            latencies.extend(_time_rounds(queue, 5))
-    finally:
-        connection.close()
+def run_bulk_steps(operation_id: int, out_path: str):
+    """In a child process, as a django-q2 worker would run them: every step of a bulk
+    operation, one after another; writes each step's milliseconds to `out_path` as JSON."""
+    from queues import bulk
+
+    steps = []
+    while True:
+        t0 = time.perf_counter()
+        go_on = bulk.step(operation_id)
+        steps.append((time.perf_counter() - t0) * 1000)
+        if not go_on:
+            break
+    Path(out_path).write_text(json.dumps(steps))
+
+
+STEPS_SCRIPT = ("import sys, django; django.setup(); from queues import bench; "
+                "bench.run_bulk_steps(int(sys.argv[1]), sys.argv[2])")
 
 
 def run_bulk(*, items: int, selector_rounds: int, log=print) -> Report:
     """Bulk retry of `items` failed items in a 7-day range, then bulk cancel of `items` queued
-    items, each run step by step here; while they run, selector rounds on the 1M-item selector
-    data set are timed and compared with its idle rounds."""
+    items, each run step by step in a child process; while they run, selector rounds on the
+    1M-item selector data set are timed here and compared with its idle rounds."""
     from queues import bulk
 
     if connection.vendor != "postgresql":
@@ -495,6 +505,9 @@ def run_bulk(*, items: int, selector_rounds: int, log=print) -> Report:
     sel_queue = Queue.objects.filter(key="bench-sel-1m-items-10k-accounts").first()
     if sel_queue is None:
         raise RuntimeError("run `bench selector --dataset 1m-items-10k-accounts` first")
+    with connection.cursor() as cursor:
+        # A previous run's deleted rows would otherwise be vacuumed during the idle rounds.
+        cursor.execute(f"VACUUM (ANALYZE) {Item._meta.db_table}")
     idle = _time_rounds(sel_queue, selector_rounds)
     report.add("selector round p95 idle", percentile(idle, 0.95), "ms")
     now = timezone.now()
@@ -509,23 +522,20 @@ def run_bulk(*, items: int, selector_rounds: int, log=print) -> Report:
         preview_ms = (time.perf_counter() - started) * 1000
         operation = bulk.start(preview.filter, expected=preview.eligible,
                                filter_hash=preview.filter.digest(), actor="bench")
-        steps: list[float] = []
+        # The steps run in a child process, as in a worker; this one times selector rounds
+        # meanwhile, so the two do not share an interpreter.
+        out = RESULTS_DIR / f"bulk-{kind}-steps.json"
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        child = processes.start(["-c", STEPS_SCRIPT, str(operation.pk), str(out)],
+                                {"DJANGO_SETTINGS_MODULE": "queueadmin.settings",
+                                 "DEBUG": "false"})
         during: list[float] = []
-        done = threading.Event()
-
-        racer = threading.Thread(target=_time_rounds_until, args=(sel_queue, done, during))
-        racer.start()
-        try:
-            while True:
-                t0 = time.perf_counter()
-                go_on = bulk.step(operation.pk)
-                steps.append((time.perf_counter() - t0) * 1000)
-                if not go_on:
-                    break
-        finally:
-            done.set()
-            racer.join()
+        while child.poll() is None:
+            during.extend(_time_rounds(sel_queue, 5))
         total = time.perf_counter() - started
+        if child.returncode != 0:
+            raise RuntimeError(f"the bulk steps failed (exit {child.returncode})")
+        steps = json.loads(out.read_text())
         operation.refresh_from_db()
         log(f"bulk {kind}: {operation.changed} changed in {total:.1f} s, {len(steps)} steps")
         report.add(f"{kind}: items changed", operation.changed, "items")
