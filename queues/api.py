@@ -123,10 +123,8 @@ def _invalid(fields: dict) -> ApiError:
     return ApiError(422, "invalid", f"{first[0]}: {first[1]}{more}", fields)
 
 
-def _parse_run_at(value, now: datetime) -> datetime | None:
+def _iso_datetime(value) -> datetime:
     """ISO 8601 with an offset; raises ValueError with the reason."""
-    if value is None:
-        return None
     if not isinstance(value, str):
         raise ValueError("must be an ISO 8601 string with a time-zone offset")
     try:
@@ -135,6 +133,13 @@ def _parse_run_at(value, now: datetime) -> datetime | None:
         raise ValueError("is not an ISO 8601 date-time, e.g. 2026-01-31T09:30:00Z") from None
     if timezone.is_naive(parsed):
         raise ValueError("has no time-zone offset; add Z or +HH:MM")
+    return parsed
+
+
+def _parse_run_at(value, now: datetime) -> datetime | None:
+    if value is None:
+        return None
+    parsed = _iso_datetime(value)
     horizon = settings.QUEUEADMIN["API_MAX_DELAY_DAYS"]
     if parsed - now > timedelta(days=horizon):
         raise ValueError(f"is more than {horizon} days ahead")
@@ -310,17 +315,11 @@ def _text(document: dict, name: str, fields: dict, limit: int = 200) -> str:
 
 
 def _aware(document: dict, name: str, fields: dict) -> datetime | None:
-    value = document.get(name)
-    parsed = None
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            parsed = None
-    if parsed is None or timezone.is_naive(parsed):
+    try:
+        return _iso_datetime(document.get(name))
+    except ValueError:
         fields[name] = "must be an ISO 8601 date-time with a time-zone offset"
         return None
-    return parsed
 
 
 def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
@@ -402,8 +401,9 @@ def bulk_start(request, key):
 
 
 def _operation_for(token, pk: int) -> BulkOperation:
-    operation = BulkOperation.objects.select_related("queue").filter(pk=pk).first() \
-        if pk <= MAX_BIGINT else None
+    operation = None
+    if pk <= MAX_BIGINT:  # beyond bigint PostgreSQL would raise instead of finding nothing
+        operation = BulkOperation.objects.select_related("queue").filter(pk=pk).first()
     if operation is None:
         raise ApiError(404, "not_found", f"there is no bulk operation {pk}")
     if not tokens.allows(token, operation.queue_id):

@@ -4,6 +4,7 @@ progress. The work itself is queues.bulk; these views parse, check roles and ren
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
@@ -87,8 +88,6 @@ def bulk_start(request, key):
 
 
 def operation_url(operation: BulkOperation) -> str:
-    from django.urls import reverse
-
     return reverse("bulk_operation", args=[operation.queue.key, operation.pk])
 
 

@@ -12,12 +12,17 @@ from queues import audit
 from queues.models import AccountPolicy, GlobalPause, Queue
 
 
+def _stamp(paused: bool, actor) -> dict:
+    """The pause fields of a queue, policy or the global switch: who and when, or cleared."""
+    return {"paused": paused, "paused_by": audit.actor_name(actor) if paused else "",
+            "paused_at": timezone.now() if paused else None}
+
+
 @transaction.atomic
 def set_queue_paused(queue: Queue, paused: bool, *, actor) -> bool:
     """Returns whether anything changed (pausing a paused queue changes nothing)."""
     changed = Queue.objects.filter(pk=queue.pk, paused=not paused).update(
-        paused=paused, paused_by=audit.actor_name(actor) if paused else "",
-        paused_at=timezone.now() if paused else None)
+        **_stamp(paused, actor))
     if changed:
         audit.record(actor, "queue.pause" if paused else "queue.resume", queue_key=queue.key,
                      target=f"queue {queue.key}")
@@ -35,9 +40,8 @@ def set_account_paused(queue: Queue, account: str, paused: bool, *, actor) -> bo
         policy = AccountPolicy(queue=queue, account=account)
     elif policy.paused == paused:
         return False
-    policy.paused = paused
-    policy.paused_by = audit.actor_name(actor) if paused else ""
-    policy.paused_at = timezone.now() if paused else None
+    for name, value in _stamp(paused, actor).items():
+        setattr(policy, name, value)
     policy.save()
     audit.record(actor, "account.pause" if paused else "account.resume", queue_key=queue.key,
                  target=f"account {account}")
@@ -53,9 +57,8 @@ def set_global_paused(paused: bool, *, actor) -> bool:
     state, _ = GlobalPause.objects.select_for_update().get_or_create(pk=1)
     if state.paused == paused:
         return False
-    state.paused = paused
-    state.paused_by = audit.actor_name(actor) if paused else ""
-    state.paused_at = timezone.now() if paused else None
+    for name, value in _stamp(paused, actor).items():
+        setattr(state, name, value)
     state.save()
     audit.record(actor, "global.pause" if paused else "global.resume", target="all queues")
     return True

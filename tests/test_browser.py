@@ -11,10 +11,7 @@ from queues import processes
 from tests.browser import support
 from tests.browser.support import CHROMIUM, CHROMIUM_ARGS, check_accessibility
 
-if not support.HAVE_CHROMIUM:
-    pytest.skip("Debian chromium is not installed (apt-get install chromium)",
-                allow_module_level=True)
-playwright_sync = pytest.importorskip("playwright.sync_api")
+playwright_sync = support.playwright_or_skip()
 
 
 @pytest.fixture(scope="module")

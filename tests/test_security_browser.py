@@ -34,10 +34,7 @@ DeadLetter.objects.filter(item_id__in=ids).update(last_error=ALL)
 print(",".join(str(pk) for pk in ids))
 """
 
-if not support.HAVE_CHROMIUM:
-    pytest.skip("Debian chromium is not installed (apt-get install chromium)",
-                allow_module_level=True)
-playwright_sync = pytest.importorskip("playwright.sync_api")
+playwright_sync = support.playwright_or_skip()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,17 @@ AXE = AXE_DIR / "node_modules" / "axe-core" / "axe.min.js"
 ARTIFACTS = settings.BASE_DIR / "var" / "test-artifacts" / "browser"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-HAVE_CHROMIUM = Path(CHROMIUM).exists()
+
+
+def playwright_or_skip():
+    """Playwright's sync API for a browser test module, which is skipped when Debian's
+    Chromium is not installed (CI installs it; playwright never downloads its own)."""
+    import pytest
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian chromium is not installed (apt-get install chromium)",
+                    allow_module_level=True)
+    return pytest.importorskip("playwright.sync_api")
 
 
 class ServerDatabase:

@@ -8,18 +8,15 @@ from queues import processes
 from tests.browser.support import (
     CHROMIUM,
     CHROMIUM_ARGS,
-    HAVE_CHROMIUM,
     ServerDatabase,
     axe_source,
     check_accessibility,
     migrate_and_seed,
+    playwright_or_skip,
     sign_in,
 )
 
-if not HAVE_CHROMIUM:
-    pytest.skip("Debian chromium is not installed (apt-get install chromium)",
-                allow_module_level=True)
-playwright_sync = pytest.importorskip("playwright.sync_api")
+playwright_sync = playwright_or_skip()
 WAIT_MS = 30_000
 
 

@@ -13,21 +13,18 @@ from queues import processes
 from tests.browser.support import (
     CHROMIUM,
     CHROMIUM_ARGS,
-    HAVE_CHROMIUM,
     ServerDatabase,
     axe_source,
     check_accessibility,
     migrate_and_seed,
+    playwright_or_skip,
     run,
     sign_in,
 )
 
 WAIT_MS = 15_000
 
-if not HAVE_CHROMIUM:
-    pytest.skip("Debian chromium is not installed (apt-get install chromium)",
-                allow_module_level=True)
-playwright_sync = pytest.importorskip("playwright.sync_api")
+playwright_sync = playwright_or_skip()
 
 
 @pytest.fixture(scope="module")
