@@ -20,6 +20,7 @@ from queues.db import (
     chunked,
     from_db_datetime,
     insert_rows,
+    is_postgres,
     placeholders,
     to_db_datetime,
     typed,
@@ -30,6 +31,7 @@ from queues.models import (
     MAX_ACCOUNT_LENGTH,
     MAX_IDENTIFIER_LENGTH,
     Attempt,
+    CounterDelta,
     DeadLetter,
     Item,
     ItemEvent,
@@ -47,6 +49,7 @@ ATTEMPT_COLUMNS = ("item_id", "number", "started_at", "finished_at", "outcome", 
                    "traceback", "worker", "result")
 DEAD_LETTER_COLUMNS = ("item_id", "queue_id", "account", "reason", "last_error", "attempts",
                        "created_at", "replayed_by")
+RETURNED = "id, queue_id, account, identifier, previous_status, attempts, started_at"
 EVENT_COLUMNS = ("item_id", "queue_id", "account", "identifier", "transition", "from_status",
                  "to_status", "attempt", "at", "actor", "reason")
 
@@ -364,11 +367,32 @@ def apply(
             # Over the whole request, not per chunk: a shared identifier may span two chunks.
             ids = _drop_requeue_duplicates(ids, result)
         for chunk in chunked(ids, BATCH_LIMIT):
+            if _records_in_sql(transition_, values):
+                result.changed += _update_recorded(
+                    transition_, "id = ANY(%s::bigint[])", [chunk], now, actor, reason,
+                    expected_attempts, chunk)
+                continue
             changed = _update(transition_, chunk, now, reason, expected_attempts, values)
             result.changed += changed
             _record(transition_, changed, now, actor, reason, values)
         result.skipped.update(_explain_skipped(transition_, result, expected_attempts))
     return result
+
+
+def apply_selected(action: str, selection_sql: str, selection_params: list, *,
+                   actor: str) -> list[Changed]:
+    """Move the items a SELECT of ids finds, such as the selector's claim. On PostgreSQL the
+    SELECT, the UPDATE, its events and its counter deltas are one statement: the ids never
+    travel to Python and back."""
+    transition_ = TRANSITIONS[action]
+    if not _records_in_sql(transition_, {}):
+        with connection.cursor() as cursor:
+            cursor.execute(selection_sql, selection_params)
+            ids = [row[0] for row in cursor.fetchall()]
+        return apply(action, ids, actor=actor).changed
+    with transaction.atomic(savepoint=False):
+        return _update_recorded(transition_, f"id IN ({selection_sql})", selection_params,
+                                timezone.now(), actor, "", None, None)
 
 
 def transition(item_id: int, action: str, *, actor: str, reason: str = "",
@@ -429,16 +453,15 @@ def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason:
     return sets, params
 
 
-def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
-            expected_attempts: Mapping[int, int] | None,
-            values: Mapping[int, Mapping]) -> list[Changed]:
-    if not ids:
-        return []
+def _update_sql(transition_: Transition, id_condition: str, id_params: list, ids: list[int],
+                now: datetime, reason: str, expected_attempts: Mapping[int, int] | None,
+                values: Mapping[int, Mapping]) -> tuple[str, list] | None:
+    """The guarded UPDATE ... RETURNING of one transition for the rows `id_condition` picks;
+    None when the fence leaves no row to move."""
     table = Item._meta.db_table
     sets, params = _set_clauses(transition_, ids, now, reason, values)
-    where = [f"id IN ({placeholders(len(ids))})",
-             f"status IN ({placeholders(len(transition_.sources))})"]
-    params += ids + list(transition_.sources)
+    where = [id_condition, f"status IN ({placeholders(len(transition_.sources))})"]
+    params += id_params + list(transition_.sources)
     if expected_attempts is not None:
         # Group by attempt number: a batch holds few distinct numbers, so this stays small.
         groups: dict[int, list[int]] = {}
@@ -446,7 +469,7 @@ def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
             if item_id in expected_attempts:
                 groups.setdefault(expected_attempts[item_id], []).append(item_id)
         if not groups:
-            return []
+            return None
         fence = []
         for number, members in groups.items():
             fence.append(f"(attempts = %s AND id IN ({placeholders(len(members))}))")
@@ -458,10 +481,20 @@ def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
             f"NOT EXISTS (SELECT 1 FROM {table} AS live WHERE live.queue_id = {table}.queue_id "
             f"AND live.identifier = {table}.identifier AND live.{_live_status_sql()})"
         )
-    sql = (
-        f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)} "
-        "RETURNING id, queue_id, account, identifier, previous_status, attempts, started_at"
-    )
+    sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING {RETURNED}"
+    return sql, params
+
+
+def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
+            expected_attempts: Mapping[int, int] | None,
+            values: Mapping[int, Mapping]) -> list[Changed]:
+    if not ids:
+        return []
+    statement = _update_sql(transition_, f"id IN ({placeholders(len(ids))})", ids, ids, now,
+                            reason, expected_attempts, values)
+    if statement is None:
+        return []
+    sql, params = statement
     try:
         # Only a requeue recovers from an error here, so only it pays for a savepoint.
         with (transaction.atomic(savepoint=transition_.name == "requeue"),
@@ -480,11 +513,75 @@ def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
             except IntegrityError:
                 continue
         return changed
-    return [
-        Changed(id=r[0], queue_id=r[1], account=r[2], identifier=r[3], from_status=r[4],
-                attempts=r[5], started_at=from_db_datetime(r[6]))
-        for r in rows
+    return [_changed(row) for row in rows]
+
+
+def _changed(row) -> Changed:
+    return Changed(id=row[0], queue_id=row[1], account=row[2], identifier=row[3],
+                   from_status=row[4], attempts=row[5], started_at=from_db_datetime(row[6]))
+
+
+def _records_in_sql(transition_: Transition, values: Mapping[int, Mapping]) -> bool:
+    """Transitions whose records need nothing but the moved rows (no per-item errors,
+    attempts or dead letters) are written in the UPDATE's own statement on PostgreSQL."""
+    return (is_postgres() and not values and transition_.attempt_outcome is None
+            and not transition_.dead_letter)
+
+
+def _update_recorded(transition_: Transition, id_condition: str, id_params: list,
+                     now: datetime, actor: str, reason: str,
+                     expected_attempts: Mapping[int, int] | None,
+                     ids: list[int] | None) -> list[Changed]:
+    """PostgreSQL: the UPDATE, the events and counter deltas of the rows it moved (and, for a
+    requeue, their dead letters marked replayed) in one statement, so a selector round or a
+    bulk step pays one round trip and ships no rows to the database."""
+    statement = _update_sql(transition_, id_condition, id_params, ids or [], now, reason,
+                            expected_attempts, {})
+    if statement is None:
+        return []
+    update_sql, params = statement
+    at, minute = to_db_datetime(now), to_db_datetime(now.replace(second=0, microsecond=0))
+    parts = [
+        f"moved AS ({update_sql})",
+        f"events AS (INSERT INTO {ItemEvent._meta.db_table} ({', '.join(EVENT_COLUMNS)}) "
+        f"SELECT id, queue_id, account, identifier, %s, previous_status, %s, attempts, %s, %s, "
+        f"%s FROM moved)",
+        # Each row leaves its previous status and enters the target; run_now's -1 and +1 on
+        # the same status cancel out and are not written.
+        f"deltas AS (INSERT INTO {CounterDelta._meta.db_table} (queue_id, status, delta, "
+        f"minute) SELECT queue_id, d.status, SUM(d.delta), %s FROM moved CROSS JOIN LATERAL "
+        f"(VALUES (previous_status, -1), (%s, 1)) AS d(status, delta) "
+        f"GROUP BY queue_id, d.status HAVING SUM(d.delta) <> 0)",
     ]
+    params += [transition_.event, transition_.target, at, actor, _clip_error(reason),
+               minute, transition_.target]
+    if transition_.name == "requeue":
+        parts.append(
+            f"replayed AS (UPDATE {DeadLetter._meta.db_table} SET replayed_at = %s, "
+            f"replayed_by = %s WHERE item_id IN (SELECT id FROM moved) "
+            f"AND replayed_at IS NULL)")
+        params += [at, actor]
+    sql = f"WITH {', '.join(parts)} SELECT {RETURNED} FROM moved"
+    try:
+        with (transaction.atomic(savepoint=transition_.name == "requeue"),
+              connection.cursor() as cursor):
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+    except IntegrityError:
+        if transition_.name != "requeue" or ids is None or len(ids) == 1:
+            raise
+        # As in _update: a concurrent enqueue took an identifier; redo item by item.
+        changed = []
+        for item_id in ids:
+            try:
+                changed += _update_recorded(transition_, "id = ANY(%s::bigint[])", [[item_id]],
+                                            now, actor, reason, expected_attempts, [item_id])
+            except IntegrityError:
+                continue
+        return changed
+    if rows:
+        notify_events_written()
+    return [_changed(row) for row in rows]
 
 
 def _drop_requeue_duplicates(ids: list[int], result: TransitionResult) -> list[int]:

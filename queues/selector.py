@@ -85,15 +85,16 @@ def run_round(queue: Queue) -> Round:
             # ring: carry on after the last one served (accounts are in ring order).
             cursor = [account for account in accounts if plan.get(account)][-1]
         if plan:
-            result.item_ids = _claim(queue, now, plan)
-            dispatched = lifecycle.apply("dispatch", result.item_ids, actor="selector")
-            for row in dispatched.changed:
+            dispatched = lifecycle.apply_selected("dispatch", *_claim_sql(queue, now, plan),
+                                                  actor="selector")
+            result.item_ids = [row.id for row in dispatched]
+            for row in dispatched:
                 result.taken[row.account] = result.taken.get(row.account, 0) + 1
-            if dispatched.changed:
+            if dispatched:
                 async_task(
                     "queues.worker.run_batch", queue.pk,
-                    [[row.id, row.attempts] for row in dispatched.changed],
-                    task_name=f"{queue.key} batch of {len(dispatched.changed)}",
+                    [[row.id, row.attempts] for row in dispatched],
+                    task_name=f"{queue.key} batch of {len(dispatched)}",
                 )
             result.duration_ms = (time.perf_counter() - started) * 1000
             # Empty rounds change nothing and are not recorded: an idle queue is polled every
@@ -292,9 +293,10 @@ def _demand(queue: Queue, now: datetime, limits: dict[str, int]) -> dict[str, in
         return {account: count for account, count in cursor.fetchall() if count}
 
 
-def _claim(queue: Queue, now: datetime, plan: dict[str, int]) -> list[int]:
-    """The planned number of items per account: highest priority, then oldest ready, first.
-    PostgreSQL skips rows another transaction holds (an admin cancelling them, say)."""
+def _claim_sql(queue: Queue, now: datetime, plan: dict[str, int]) -> tuple[str, list]:
+    """The ids of the planned number of items per account: highest priority, then oldest
+    ready, first. PostgreSQL skips rows another transaction holds (an admin cancelling them,
+    say)."""
     table = Item._meta.db_table
     order = "ORDER BY priority DESC, run_at, id"
     due = f"queue_id = %s AND {READY_SQL} AND run_at <= %s"
@@ -305,14 +307,10 @@ def _claim(queue: Queue, now: datetime, plan: dict[str, int]) -> list[int]:
                f"LIMIT p.n FOR UPDATE SKIP LOCKED) AS c")
         params = [v for account, n in plan.items() for v in (account, n)]
         params += [queue.pk, to_db_datetime(now)]
-    else:
-        parts, params = [], []
-        for account, n in plan.items():
-            parts.append(f"SELECT id FROM (SELECT id FROM {table} WHERE {due} AND account = %s "
-                         f"{order} LIMIT %s)")
-            params += [queue.pk, to_db_datetime(now), account, n]
-        sql = " UNION ALL ".join(parts)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [row[0] for row in cursor.fetchall()]
-
+        return sql, params
+    parts, params = [], []
+    for account, n in plan.items():
+        parts.append(f"SELECT id FROM (SELECT id FROM {table} WHERE {due} AND account = %s "
+                     f"{order} LIMIT %s)")
+        params += [queue.pk, to_db_datetime(now), account, n]
+    return " UNION ALL ".join(parts), params

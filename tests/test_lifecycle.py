@@ -240,6 +240,67 @@ def test_a_repeated_id_moves_once(queue):
     assert item.events.filter(transition="dispatched").count() == 1
 
 
+def test_apply_selected_moves_and_records_the_items_its_select_finds(queue):
+    queued = items_in_status(queue, Status.QUEUED, 3)
+    running = item_in_status(queue, Status.RUNNING)
+    wanted = [queued[0].pk, queued[2].pk, running.pk]
+
+    changed = lifecycle.apply_selected(
+        "dispatch", f"SELECT id FROM {Item._meta.db_table} WHERE id IN (%s, %s, %s)", wanted,
+        actor=ACTOR)
+
+    assert sorted(row.id for row in changed) == [queued[0].pk, queued[2].pk]
+    assert all(row.attempts == 1 and row.from_status == Status.QUEUED for row in changed)
+    for item in (queued[0], queued[2]):
+        assert_moved(item, "dispatch", Status.QUEUED, 0, timezone.now())
+    assert Item.objects.get(pk=queued[1].pk).status == Status.QUEUED
+    assert_counters_consistent(queue)
+
+
+def test_run_now_writes_no_counter_delta_that_changes_nothing(queue):
+    items = items_in_status(queue, Status.QUEUED, 2)
+    CounterDelta.objects.all().delete()
+    lifecycle.apply("run_now", [item.pk for item in items], actor=ACTOR)
+    assert not CounterDelta.objects.filter(delta=0).exists()
+    assert ItemEvent.objects.filter(transition="run_now").count() == 2
+
+
+def _records(queue):
+    """What a transition wrote, without the parts that differ from run to run."""
+    events = sorted(ItemEvent.objects.filter(queue=queue).values_list(
+        "identifier", "transition", "from_status", "to_status", "attempt", "actor", "reason"))
+    deltas = sorted(CounterDelta.objects.filter(queue=queue).values_list("status", "delta"))
+    letters = sorted((identifier, by, at is None) for identifier, by, at in DeadLetter.objects
+                     .filter(queue=queue).values_list("item__identifier", "replayed_by",
+                                                      "replayed_at"))
+    return events, deltas, letters
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(("action", "source"), [
+    (name, source) for name, source in ELIGIBLE
+    if not TRANSITIONS[name].attempt_outcome and not TRANSITIONS[name].dead_letter])
+def test_postgres_writes_the_same_records_in_one_statement_as_row_by_row(
+        queue, monkeypatch, action, source):
+    """On PostgreSQL the simple transitions record in the UPDATE's own statement; the rows it
+    writes must be the ones the general path writes."""
+    records = []
+    for in_sql in (True, False):
+        ItemEvent.objects.all().delete()
+        CounterDelta.objects.all().delete()
+        DeadLetter.objects.all().delete()
+        Item.objects.all().delete()
+        items = items_in_status(queue, source, 3, prefix="same")
+        ItemEvent.objects.all().delete()
+        CounterDelta.objects.all().delete()
+        with monkeypatch.context() as patch:
+            patch.setattr(lifecycle, "_records_in_sql", lambda *args, in_sql=in_sql: in_sql)
+            lifecycle.apply(action, [item.pk for item in items], actor=ACTOR, reason="why")
+        records.append(_records(queue))
+    assert records[0] == records[1]
+    assert records[0][0]
+
+
 # --- fencing and attempts --------------------------------------------------------------------
 
 def test_start_with_a_stale_attempt_does_nothing(queue):
