@@ -367,14 +367,8 @@ def apply(
             # Over the whole request, not per chunk: a shared identifier may span two chunks.
             ids = _drop_requeue_duplicates(ids, result)
         for chunk in chunked(ids, BATCH_LIMIT):
-            if _records_in_sql(transition_, values):
-                result.changed += _update_recorded(
-                    transition_, "id = ANY(%s::bigint[])", [chunk], now, actor, reason,
-                    expected_attempts, chunk)
-                continue
-            changed = _update(transition_, chunk, now, reason, expected_attempts, values)
-            result.changed += changed
-            _record(transition_, changed, now, actor, reason, values)
+            result.changed += _move(transition_, chunk, now, actor, reason, expected_attempts,
+                                    values)
         result.skipped.update(_explain_skipped(transition_, result, expected_attempts))
     return result
 
@@ -392,7 +386,7 @@ def apply_selected(action: str, selection_sql: str, selection_params: list, *,
         return apply(action, ids, actor=actor).changed
     with transaction.atomic(savepoint=False):
         return _update_recorded(transition_, f"id IN ({selection_sql})", selection_params,
-                                timezone.now(), actor, "", None, None)
+                                [], timezone.now(), actor, "", None)
 
 
 def transition(item_id: int, action: str, *, actor: str, reason: str = "",
@@ -485,22 +479,19 @@ def _update_sql(transition_: Transition, id_condition: str, id_params: list, ids
     return sql, params
 
 
-def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
-            expected_attempts: Mapping[int, int] | None,
-            values: Mapping[int, Mapping]) -> list[Changed]:
-    if not ids:
-        return []
-    statement = _update_sql(transition_, f"id IN ({placeholders(len(ids))})", ids, ids, now,
-                            reason, expected_attempts, values)
-    if statement is None:
-        return []
-    sql, params = statement
+def _move(transition_: Transition, ids: list[int], now: datetime, actor: str, reason: str,
+          expected_attempts: Mapping[int, int] | None,
+          values: Mapping[int, Mapping]) -> list[Changed]:
+    """One chunk: the guarded UPDATE and its records."""
     try:
         # Only a requeue recovers from an error here, so only it pays for a savepoint.
-        with (transaction.atomic(savepoint=transition_.name == "requeue"),
-              connection.cursor() as cursor):
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
+        with transaction.atomic(savepoint=transition_.name == "requeue"):
+            if _records_in_sql(transition_, values):
+                return _update_recorded(transition_, "id = ANY(%s::bigint[])", [ids], ids, now,
+                                        actor, reason, expected_attempts)
+            changed = _update(transition_, ids, now, reason, expected_attempts, values)
+            _record(transition_, changed, now, actor, reason, values)
+            return changed
     except IntegrityError:
         if transition_.name != "requeue" or len(ids) == 1:
             raise
@@ -509,11 +500,23 @@ def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
         changed = []
         for item_id in ids:
             try:
-                changed += _update(transition_, [item_id], now, reason, expected_attempts, values)
+                changed += _move(transition_, [item_id], now, actor, reason, expected_attempts,
+                                 values)
             except IntegrityError:
                 continue
         return changed
-    return [_changed(row) for row in rows]
+
+
+def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
+            expected_attempts: Mapping[int, int] | None,
+            values: Mapping[int, Mapping]) -> list[Changed]:
+    statement = _update_sql(transition_, f"id IN ({placeholders(len(ids))})", ids, ids, now,
+                            reason, expected_attempts, values)
+    if statement is None:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(*statement)
+        return [_changed(row) for row in cursor.fetchall()]
 
 
 def _changed(row) -> Changed:
@@ -529,13 +532,12 @@ def _records_in_sql(transition_: Transition, values: Mapping[int, Mapping]) -> b
 
 
 def _update_recorded(transition_: Transition, id_condition: str, id_params: list,
-                     now: datetime, actor: str, reason: str,
-                     expected_attempts: Mapping[int, int] | None,
-                     ids: list[int] | None) -> list[Changed]:
+                     ids: list[int], now: datetime, actor: str, reason: str,
+                     expected_attempts: Mapping[int, int] | None) -> list[Changed]:
     """PostgreSQL: the UPDATE, the events and counter deltas of the rows it moved (and, for a
     requeue, their dead letters marked replayed) in one statement, so a selector round or a
     bulk step pays one round trip and ships no rows to the database."""
-    statement = _update_sql(transition_, id_condition, id_params, ids or [], now, reason,
+    statement = _update_sql(transition_, id_condition, id_params, ids, now, reason,
                             expected_attempts, {})
     if statement is None:
         return []
@@ -561,24 +563,9 @@ def _update_recorded(transition_: Transition, id_condition: str, id_params: list
             f"replayed_by = %s WHERE item_id IN (SELECT id FROM moved) "
             f"AND replayed_at IS NULL)")
         params += [at, actor]
-    sql = f"WITH {', '.join(parts)} SELECT {RETURNED} FROM moved"
-    try:
-        with (transaction.atomic(savepoint=transition_.name == "requeue"),
-              connection.cursor() as cursor):
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
-    except IntegrityError:
-        if transition_.name != "requeue" or ids is None or len(ids) == 1:
-            raise
-        # As in _update: a concurrent enqueue took an identifier; redo item by item.
-        changed = []
-        for item_id in ids:
-            try:
-                changed += _update_recorded(transition_, "id = ANY(%s::bigint[])", [[item_id]],
-                                            now, actor, reason, expected_attempts, [item_id])
-            except IntegrityError:
-                continue
-        return changed
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(parts)} SELECT {RETURNED} FROM moved", params)
+        rows = cursor.fetchall()
     if rows:
         notify_events_written()
     return [_changed(row) for row in rows]

@@ -1,9 +1,12 @@
 """queues.lifecycle: the transition table, fencing, retries, dead letters and counters."""
 
 import random
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -426,6 +429,55 @@ def test_requeue_is_skipped_when_the_identifier_is_live_again_on_another_item(qu
     with pytest.raises(IllegalTransition, match="live again on another item"):
         lifecycle.transition(old.pk, "requeue", actor=ACTOR)
     assert_counters_consistent(queue)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_requeue_racing_an_enqueue_of_one_identifier_skips_only_that_item():
+    """The enqueue commits while the requeue's UPDATE waits on its unique index entry: the
+    chunk fails with a unique violation and is redone item by item."""
+    queue = QueueFactory()
+    taken, free = items_in_status(queue, Status.COMPLETE, 2, prefix="race")
+    enqueued, release = threading.Event(), threading.Event()
+
+    def enqueue_and_hold():
+        with transaction.atomic():
+            enqueue(queue.key, account="acme", identifier=taken.identifier, payload={"v": 2})
+            enqueued.set()
+            release.wait(10)
+        connection.close()
+
+    holder = threading.Thread(target=enqueue_and_hold)
+    holder.start()
+    enqueued.wait(10)
+    outcome = {}
+    requeue = threading.Thread(target=lambda: (outcome.setdefault("result", lifecycle.apply(
+        "requeue", [taken.pk, free.pk], actor=ACTOR)), connection.close()))
+    requeue.start()
+    _wait_for_a_lock_wait()
+    release.set()
+    holder.join()
+    requeue.join()
+
+    result = outcome["result"]
+    assert result.changed_ids == [free.pk]
+    assert result.skipped == {taken.pk: "its identifier is live again on another item"}
+    assert Item.objects.get(pk=taken.pk).status == Status.COMPLETE
+    assert Item.objects.get(pk=free.pk).status == Status.QUEUED
+    assert ItemEvent.objects.filter(item_id=taken.pk, transition="requeued").count() == 0
+    assert_counters_consistent(queue)
+
+
+def _wait_for_a_lock_wait():
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                           "'Lock' AND datname = current_database()")
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.02)
+    raise AssertionError("the requeue never waited for the enqueue")
 
 
 @pytest.mark.parametrize("newest_first", [False, True])
