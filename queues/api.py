@@ -3,7 +3,7 @@ contract: every refusal is a JSON error with a 4xx status, and nothing is writte
 
 import functools
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
@@ -13,7 +13,14 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from queues import bulk, counters, lifecycle, openapi_document, pausing, strictjson, tokens
-from queues.models import AccountPolicy, BulkOperation, Item, Queue, Status
+from queues.models import (
+    MAX_ACCOUNT_LENGTH,
+    AccountPolicy,
+    BulkOperation,
+    Item,
+    Queue,
+    Status,
+)
 
 ITEM_FIELDS = {"account", "identifier", "payload", "run_at", "priority"}
 MAX_BIGINT = 2**63 - 1
@@ -294,7 +301,6 @@ def queue_list(request):
 
 BULK_FIELDS = {"kind", "statuses", "created_from", "created_to", "account", "error_contains",
                "reason", "ids"}
-SELECTION_RANGE = (datetime(2000, 1, 1, tzinfo=UTC), timedelta(days=1))
 
 
 def _object(document, allowed: set[str]) -> dict:
@@ -338,8 +344,7 @@ def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
         statuses = []
     if ids:
         statuses = statuses or list(Status.values)
-        now = timezone.now()
-        start, end = SELECTION_RANGE[0], now + SELECTION_RANGE[1]
+        start, end = bulk.selection_range(timezone.now())
     else:
         start, end = _aware(document, "created_from", fields), _aware(document,
                                                                      "created_to", fields)
@@ -441,8 +446,9 @@ def account_pause(request, key, action):
     queue = _queue_for(request.token, key)
     document = _object(_read_json(request), {"account"})
     account = document.get("account")
-    if not isinstance(account, str) or not account.strip() or len(account) > 200:
-        raise _invalid({"account": "must be a non-empty string of at most 200 characters"})
+    if not isinstance(account, str) or not account.strip() or len(account) > MAX_ACCOUNT_LENGTH:
+        raise _invalid({"account": "must be a non-empty string of at most "
+                                   f"{MAX_ACCOUNT_LENGTH} characters"})
     pausing.set_account_paused(queue, account, action == "pause", actor=request.token)
     policy = AccountPolicy.objects.filter(queue=queue, account=account).first()
     return json_response({"queue": queue.key, "account": account,

@@ -14,7 +14,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.core import signing
@@ -44,7 +44,7 @@ KINDS = {
     BulkOperation.Kind.PURGE: ("delete", (Status.FAILED,)),
 }
 DEAD_LETTER_KINDS = (BulkOperation.Kind.REPLAY, BulkOperation.Kind.PURGE)
-MAX_SELECTION = 1000
+MAX_SELECTION = 1000  # one page of ids per request
 INELIGIBLE_REASONS = {
     (BulkOperation.Kind.CANCEL, Status.RUNNING):
         "running items are not cancelled mid-flight; they finish on their own",
@@ -79,6 +79,12 @@ def filter_from_confirmation(frozen: str) -> "BulkFilter":
     except (signing.BadSignature, KeyError, TypeError, ValueError):
         raise BulkError("the confirmation was altered; preview again",
                         {"frozen": "not a preview's confirmation"}) from None
+
+
+def selection_range(now: datetime) -> tuple[datetime, datetime]:
+    """The time range of a selection of ids, which the operator did not choose by time: from
+    before any item to after every item enqueued so far (the preview freezes the snapshot)."""
+    return datetime(2000, 1, 1, tzinfo=UTC), now + timedelta(minutes=1)
 
 
 def max_items() -> int:

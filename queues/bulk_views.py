@@ -22,6 +22,12 @@ from queues.permissions import (
 RECENT_OPERATIONS = 20
 
 
+def _check_purge_role(user, kind: str):
+    """Operators retry, cancel and replay; deleting dead letters for good is for Admins."""
+    if kind == BulkOperation.Kind.PURGE and not can_administer(user):
+        raise PermissionDenied("Purging dead letters needs the Admin role.")
+
+
 def _preview_context(queue, preview: bulk.Preview) -> dict:
     confirm = BulkConfirmForm(initial=bulk.confirmation(preview))
     return {"queue": queue, "preview": preview, "confirm": confirm}
@@ -40,8 +46,7 @@ def bulk_page(request, key):
     if request.GET.get("preview") and can_operate(request.user):
         if form.is_valid():
             data = form.cleaned_data
-            if data["kind"] == "purge" and not can_administer(request.user):
-                raise PermissionDenied("Purging dead letters needs the Admin role.")
+            _check_purge_role(request.user, data["kind"])
             try:
                 bulk_filter = bulk.BulkFilter.build(
                     queue, data["kind"], data["status"], data["created_from"],
@@ -71,8 +76,7 @@ def bulk_start(request, key):
         return HttpResponseBadRequest("The confirmation was altered; preview again.")
     if bulk_filter.queue_id != queue.pk:
         return HttpResponseBadRequest("The confirmation is for another queue.")
-    if bulk_filter.kind == "purge" and not can_administer(request.user):
-        raise PermissionDenied("Purging dead letters needs the Admin role.")
+    _check_purge_role(request.user, bulk_filter.kind)
     try:
         operation = bulk.start(bulk_filter, expected=form.cleaned_data["expected"],
                                filter_hash=form.cleaned_data["filter_hash"], actor=request.user)

@@ -76,6 +76,24 @@ def _rollup_batch() -> int:
     return len(rows)
 
 
+def outcome_rows(first_minute: datetime, statuses, queue_ids: Iterable[int] | None = None):
+    """(queue id, minute, status, count) of items entering `statuses` from `first_minute` on:
+    the rolled-up minutes plus the deltas the sweeper has not folded yet, in one statement so
+    that a rollup committing meanwhile neither hides nor doubles any."""
+    rolled = OutcomeMinute.objects.filter(minute__gte=first_minute, status__in=statuses)
+    pending = CounterDelta.objects.filter(minute__gte=first_minute, status__in=statuses,
+                                          delta__gt=0)
+    if queue_ids is not None:
+        queue_ids = list(queue_ids)
+        rolled, pending = rolled.filter(queue_id__in=queue_ids), pending.filter(
+            queue_id__in=queue_ids)
+    return rolled.values_list("queue_id", "minute", "status", "count").union(
+        pending.values("queue_id", "minute", "status").annotate(n=Sum("delta"))
+        .values_list("queue_id", "minute", "status", "n"),
+        all=True,
+    )
+
+
 def status_counts(queue_ids: Iterable[int] | None = None) -> dict[int, dict[str, int]]:
     """Current counts per queue and status: base counts plus deltas not yet rolled up."""
     counts: dict[int, dict[str, int]] = defaultdict(lambda: dict.fromkeys(Status.values, 0))

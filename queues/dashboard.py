@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection
-from django.db.models import Count, Min, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, Min, OuterRef, Q, Subquery
 
 from queues import counters
 from queues.lifecycle import retry_delay
@@ -20,11 +20,9 @@ from queues.models import (
     READY_STATUSES,
     AccountPolicy,
     Attempt,
-    CounterDelta,
     DeadLetter,
     Item,
     ItemEvent,
-    OutcomeMinute,
     Queue,
     SelectorRound,
     SelectorState,
@@ -75,12 +73,7 @@ def queue_summaries(queues: list[Queue], now: datetime) -> list[QueueSummary]:
         return []
     counts = counters.status_counts(ids)
     completed, failed = _outcomes_per_minute(ids, now)
-    oldest = dict(
-        Queue.objects.filter(pk__in=ids).annotate(oldest=Subquery(
-            Item.objects.filter(queue=OuterRef("pk"), status=Status.QUEUED, run_at__lte=now)
-            .order_by("created_at").values("created_at")[:1]
-        )).values_list("pk", "oldest")
-    )
+    oldest = oldest_waiting(ids, now)
     timings = _timings(ids, now)
     summaries = []
     for queue in queues:
@@ -93,6 +86,15 @@ def queue_summaries(queues: list[Queue], now: datetime) -> list[QueueSummary]:
     return summaries
 
 
+def oldest_waiting(ids: list[int], now: datetime) -> dict[int, datetime | None]:
+    """Enqueue time of each queue's oldest due queued item: the head of the (queue, status,
+    created_at) index, one correlated subquery per queue."""
+    return dict(Queue.objects.filter(pk__in=ids).annotate(oldest=Subquery(
+        Item.objects.filter(queue=OuterRef("pk"), status=Status.QUEUED, run_at__lte=now)
+        .order_by("created_at").values("created_at")[:1]
+    )).values_list("pk", "oldest"))
+
+
 def _outcomes_per_minute(ids: list[int], now: datetime):
     """Completed and failed items per minute over the last hour: the rolled-up minutes plus
     the deltas the sweeper has not folded yet."""
@@ -100,16 +102,7 @@ def _outcomes_per_minute(ids: list[int], now: datetime):
     completed = defaultdict(lambda: [0] * CHART_MINUTES)
     failed = defaultdict(lambda: [0] * CHART_MINUTES)
     statuses = (Status.COMPLETE, Status.RETRY, Status.FAILED)
-    rows = OutcomeMinute.objects.filter(
-        queue_id__in=ids, minute__gte=first, status__in=statuses
-    ).values_list("queue_id", "minute", "status", "count").union(
-        CounterDelta.objects.filter(
-            queue_id__in=ids, minute__gte=first, status__in=statuses, delta__gt=0
-        ).values("queue_id", "minute", "status").annotate(n=Sum("delta"))
-        .values_list("queue_id", "minute", "status", "n"),
-        all=True,
-    )
-    for queue_id, minute, status, count in rows:
+    for queue_id, minute, status, count in counters.outcome_rows(first, statuses, ids):
         index = int((minute - first).total_seconds() // 60)
         if 0 <= index < CHART_MINUTES:
             series = completed if status == Status.COMPLETE else failed

@@ -75,9 +75,8 @@ def csv_rows(queue: Queue, data: dict, *, masked: bool):
             yield writer.writerow([f"# stopped at {MAX_ROWS} rows; narrow the filter"])
             return
         record = _record(item, queue, masked)
-        yield writer.writerow([csv_cell("" if record[c] is None else record[c])
-                               if isinstance(record[c], str | dict | list) else record[c]
-                               for c in COLUMNS])
+        yield writer.writerow([csv_cell(record[c]) if isinstance(record[c], str | dict | list)
+                               else record[c] for c in COLUMNS])
 
 
 def json_chunks(queue: Queue, data: dict, *, masked: bool):

@@ -2,17 +2,20 @@
 so a view never passes request data to the ORM as it came."""
 
 import zoneinfo
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from django import forms
 from django.utils import timezone
 
+from queues.bulk import MAX_SELECTION, selection_range
 from queues.dashboard import parse_cursor
 from queues.models import MAX_ACCOUNT_LENGTH, MAX_IDENTIFIER_LENGTH, Queue, Status
 
-MAX_SELECTION = 1000  # as queues.bulk.MAX_SELECTION: one page of ids per request
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 MAX_RANGE = timedelta(days=366)
+DEAD_LETTER_REASONS = [
+    ("", "Any reason"), ("permanent", "Permanent error"), ("exhausted", "Retries exhausted"),
+    ("worker lost", "Worker lost")]
 DATETIME_LOCAL = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"]
 
 
@@ -110,9 +113,8 @@ class BulkForm(TimeRangeForm):
         ("custom", "From / to")])
     account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
     error = forms.CharField(required=False, max_length=200, label="Error contains")
-    reason = forms.ChoiceField(required=False, label="Dead-letter reason", choices=[
-        ("", "Any reason"), ("permanent", "Permanent error"), ("exhausted", "Retries exhausted"),
-        ("worker lost", "Worker lost")])
+    reason = forms.ChoiceField(required=False, label="Dead-letter reason",
+                               choices=DEAD_LETTER_REASONS)
 
     def clean(self):
         data = super().clean()
@@ -121,8 +123,7 @@ class BulkForm(TimeRangeForm):
         if data["ids"]:
             # A selection: every status, so the preview explains the ineligible ones.
             data["status"] = data.get("status") or list(Status.values)
-            data["created_to"] = timezone.now() + timedelta(minutes=1)
-            data["created_from"] = datetime(2000, 1, 1, tzinfo=UTC)
+            data["created_from"], data["created_to"] = selection_range(timezone.now())
             return data
         if not data.get("status") and kind in ("retry", "cancel"):
             self.add_error("status", "Choose at least one status.")
@@ -163,9 +164,7 @@ class BulkConfirmForm(forms.Form):
 class DeadLetterFilterForm(forms.Form):
     queue = forms.CharField(required=False, max_length=64, label="Queue key")
     account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
-    reason = forms.ChoiceField(required=False, choices=[
-        ("", "Any reason"), ("permanent", "Permanent error"), ("exhausted", "Retries exhausted"),
-        ("worker lost", "Worker lost")])
+    reason = forms.ChoiceField(required=False, choices=DEAD_LETTER_REASONS)
     period = forms.ChoiceField(required=False, label="Failed", choices=[
         ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")])
     before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)

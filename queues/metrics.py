@@ -15,19 +15,16 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError
-from django.db.models import Count, OuterRef, Subquery, Sum
+from django.db.models import Count
 from django.http import HttpResponse
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from queues import counters, heartbeat
+from queues import counters, dashboard, heartbeat
 from queues.models import (
     BulkOperation,
     ClusterHeartbeat,
-    CounterDelta,
-    Item,
-    OutcomeMinute,
     Queue,
     SelectorRound,
     Status,
@@ -107,11 +104,7 @@ class QueueAdminCollector:
             "queueadmin_oldest_ready_age_seconds",
             "Age of the oldest queued item that is due, by enqueue time (0 when none).",
             labels=["queue"])
-        # The head of the (queue, status, created_at) index per queue, as on the overview.
-        heads = Queue.objects.annotate(oldest=Subquery(
-            Item.objects.filter(queue=OuterRef("pk"), status=Status.QUEUED, run_at__lte=now)
-            .order_by("created_at").values("created_at")[:1])).values_list("pk", "oldest")
-        for queue_id, created in heads:
+        for queue_id, created in dashboard.oldest_waiting(list(keys), now).items():
             oldest.add_metric([keys[queue_id]],
                               0.0 if created is None else (now - created).total_seconds())
         return [items, dead, oldest]
@@ -143,14 +136,7 @@ class QueueAdminCollector:
         worker."""
         since = now.replace(second=0, microsecond=0) - WINDOW
         totals: Counter = Counter()
-        rows = OutcomeMinute.objects.filter(
-            minute__gte=since, status__in=OUTCOMES
-        ).values("queue_id", "status").annotate(n=Sum("count")).values_list(
-            "queue_id", "status", "n").union(
-            CounterDelta.objects.filter(minute__gte=since, status__in=OUTCOMES, delta__gt=0)
-            .values("queue_id", "status").annotate(n=Sum("delta"))
-            .values_list("queue_id", "status", "n"), all=True)
-        for queue_id, status, n in rows:
+        for queue_id, _, status, n in counters.outcome_rows(since, OUTCOMES):
             totals[(queue_id, status)] += n
         family = GaugeMetricFamily("queueadmin_outcomes_last_5m",
                                    "Attempt outcomes (items entering complete, retry, failed "

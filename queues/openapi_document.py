@@ -199,7 +199,7 @@ def document() -> dict:
                 "requestBody": {"required": True, "content": {"application/json": {"schema": {
                     "type": "object", "additionalProperties": False, "required": ["account"],
                     "properties": {"account": {"type": "string", "minLength": 1,
-                                               "maxLength": 200}}}}}},
+                                               "maxLength": MAX_ACCOUNT_LENGTH}}}}}},
                 "responses": {"200": _json("The account's pause state.", "PauseState"),
                               **_errors(400, 404, 413, 415, 422), **COMMON_ERRORS},
             }},
