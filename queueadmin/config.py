@@ -26,6 +26,7 @@ LOG_FORMATS = ("json", "plain")
 # Scrapers on the same machine may read /metrics in development without a token.
 DEVELOPMENT_METRICS_NETWORKS = "127.0.0.0/8,::1/128"
 METRICS_TOKEN_MIN_LENGTH = 32
+MIN_START_WINDOW_SECONDS = 30
 HOST_NAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$")
 
 
@@ -43,6 +44,8 @@ class Config:
     process_role: str
     stale_threshold_seconds: int
     q_timeout_seconds: int
+    handler_timeout_seconds: int
+    shutdown_grace_seconds: int
     workers: int
     webhook_allowed_hosts: list[str]
     api_max_body_bytes: int
@@ -159,6 +162,10 @@ def sqlite_settings(db: dict) -> dict:
         ),
     }
     db["CONN_MAX_AGE"] = 0
+    if name != ":memory:":
+        # Tests get a file of their own, in WAL mode like production: Django's default in-memory
+        # shared cache answers "table is locked" at once to a reader beside a writing thread.
+        db["TEST"] = {"NAME": str(Path(name).with_name(f"test_{Path(name).name}"))}
     return db
 
 
@@ -244,6 +251,19 @@ def load(environ: os._Environ | dict | None = None) -> Config:
             f"({q_timeout}s) by more than 60s."
         )
 
+    # A batch may start items only while an item started last could still end within the task
+    # timeout; so the handler timeout must leave room for starting them.
+    handler_timeout = parse_int(
+        "QUEUEADMIN_HANDLER_TIMEOUT", environ.get("QUEUEADMIN_HANDLER_TIMEOUT", "180"), minimum=1)
+    if handler_timeout > q_timeout - MIN_START_WINDOW_SECONDS:
+        raise ConfigError(
+            f"QUEUEADMIN_HANDLER_TIMEOUT={handler_timeout}s must be at most "
+            f"QUEUEADMIN_TASK_TIMEOUT ({q_timeout}s) minus {MIN_START_WINDOW_SECONDS}s, the "
+            f"least time a batch needs to start its items and record them."
+        )
+    shutdown_grace = parse_int(
+        "QUEUEADMIN_SHUTDOWN_GRACE", environ.get("QUEUEADMIN_SHUTDOWN_GRACE", "30"), minimum=1)
+
     workers = parse_int("QUEUEADMIN_WORKERS", environ.get("QUEUEADMIN_WORKERS", "4"), minimum=2)
 
     webhook_allowed_hosts = parse_hosts(
@@ -296,6 +316,8 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         process_role=process_role,
         stale_threshold_seconds=stale,
         q_timeout_seconds=q_timeout,
+        handler_timeout_seconds=handler_timeout,
+        shutdown_grace_seconds=shutdown_grace,
         workers=workers,
         webhook_allowed_hosts=webhook_allowed_hosts,
         api_max_body_bytes=api_max_body_bytes,

@@ -165,7 +165,7 @@ CONTENT_SECURITY_POLICY = {
 Q_CLUSTER = {
     "name": "queueadmin",
     "orm": "default",
-    # One worker runs the selector's minute-long tick; the others run batches.
+    # One worker of one cluster runs the selector loop; the others run batches.
     "workers": CONFIG.workers,
     "timeout": CONFIG.q_timeout_seconds,
     "retry": CONFIG.q_timeout_seconds + 60,
@@ -173,13 +173,19 @@ Q_CLUSTER = {
     "ack_failures": True,
     "catch_up": False,
     "save_limit": 1000,
-    "poll": 0.5,
+    # django-q2's own default: a dispatched batch waits for a worker about 0.1 s on average.
+    "poll": 0.2,
 }
 
 QUEUEADMIN = {
     # Default stale threshold for new queues: a running item older than this is presumed lost.
     "STALE_THRESHOLD_SECONDS": CONFIG.stale_threshold_seconds,
     "TASK_TIMEOUT_SECONDS": CONFIG.q_timeout_seconds,
+    # Default handler timeout of new queues: an attempt running longer is recorded as timed out.
+    "HANDLER_TIMEOUT_SECONDS": CONFIG.handler_timeout_seconds,
+    # On SIGTERM a cluster lets running handlers finish for this long, then records the rest as
+    # retries with the reason "shutdown" (docker-compose's stop_grace_period stays above it).
+    "SHUTDOWN_GRACE_SECONDS": CONFIG.shutdown_grace_seconds,
     # Hosts the webhook handler may reach although they resolve to private or local addresses.
     "WEBHOOK_ALLOWED_HOSTS": CONFIG.webhook_allowed_hosts,
     # JSON API limits: request body (413 above it), one item's payload, and how far ahead

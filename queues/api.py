@@ -14,6 +14,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from queues import bulk, counters, lifecycle, openapi_document, pausing, strictjson, tokens
 from queues.models import (
+    LIVE_STATUSES,
     MAX_ACCOUNT_LENGTH,
     AccountPolicy,
     BulkOperation,
@@ -206,8 +207,18 @@ def _time(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
+def _retries_left(item: Item, queue: Queue) -> int | None:
+    """Failed attempts still retried: attempts counts runs, and the first run is no retry.
+    0 for a dead letter, None once complete or cancelled."""
+    if item.status == Status.FAILED:
+        return 0
+    if item.status not in LIVE_STATUSES:
+        return None
+    # Not below 0 when the queue's max_retries was lowered after the item's attempts.
+    return max(0, queue.max_retries - max(0, item.attempts - 1))
+
+
 def item_json(item: Item, queue: Queue, now: datetime) -> dict:
-    retries_left = max(0, 1 + queue.max_retries - item.attempts)
     waiting = item.status in (Status.QUEUED, Status.RETRY)
     return {
         "id": item.pk,
@@ -218,7 +229,7 @@ def item_json(item: Item, queue: Queue, now: datetime) -> dict:
         "priority": item.priority,
         "payload": item.payload,
         "attempts": item.attempts,
-        "retries_left": retries_left if item.status not in (Status.COMPLETE,) else None,
+        "retries_left": _retries_left(item, queue),
         "last_error": item.last_error or None,
         # When the selector may next pick the item: its retry time, or a delayed start.
         "next_run_at": _time(item.run_at) if waiting else None,

@@ -7,6 +7,7 @@ var/bench/ so docs/benchmarks.md can quote the latest figures.
 import json
 import math
 import platform
+import random
 import statistics
 import threading
 import time
@@ -274,6 +275,39 @@ def _worst_jain(history: list[dict[str, int]], accounts, window: int) -> float |
     return worst
 
 
+# --- planner -----------------------------------------------------------------------------------
+
+PLANNER_ACCOUNTS = (10_000, 100_000)
+PLANNER_DEMAND = 1_000_000  # ready items per account: water levels far above any batch
+
+
+def run_planner(*, accounts: list[int], batch_size: int, runs: int) -> Report:
+    """plan_batch alone (pure Python, no database) on backlogs beyond the seeded data sets, the
+    cursor in the middle of the ring: every account with PLANNER_DEMAND ready items, then
+    random demands up to PLANNER_DEMAND with random weights 1 to 5."""
+    report = Report("planner", {"accounts": ",".join(map(str, accounts)),
+                                "batch_size": batch_size, "runs": runs})
+    rng = random.Random(0)  # the same backlogs in every run of the bench
+    for count in accounts:
+        names = [f"acct-{n:06d}" for n in range(count)]
+        cases = {
+            f"{count:,} accounts x {PLANNER_DEMAND:,} items": (
+                dict.fromkeys(names, PLANNER_DEMAND), None),
+            f"{count:,} accounts, random demand and weight": (
+                {a: rng.randint(1, PLANNER_DEMAND) for a in names},
+                {a: rng.randint(1, 5) for a in names}),
+        }
+        for name, (demand, weights) in cases.items():
+            latencies = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                fairness.plan_batch(demand, batch_size, names[count // 2], weights)
+                latencies.append((time.perf_counter() - started) * 1000)
+            report.add(f"{name}: p50", percentile(latencies, 0.5), "ms")
+            report.add(f"{name}: p95", percentile(latencies, 0.95), "ms")
+    return report
+
+
 # --- throughput --------------------------------------------------------------------------------
 
 def bare_noop(n):
@@ -300,7 +334,7 @@ def run_throughput(*, items: int, accounts: int, clusters: int, bare_items: int,
     run = f"t{int(time.time() * 1000):x}"
     started_processes = []
     try:
-        started_processes = start_clusters(clusters, queue.key)
+        started_processes = start_clusters(clusters)
         if not processes.wait_for(lambda: len(Stat.get_all()) >= clusters, 60):
             raise RuntimeError("the worker clusters did not start within a minute")
         before = counters.status_counts([queue.pk])[queue.pk]["complete"]
@@ -335,10 +369,11 @@ def run_throughput(*, items: int, accounts: int, clusters: int, bare_items: int,
     return report
 
 
-def start_clusters(clusters: int, queue_key: str):
-    """`clusters` django-q2 clusters and a fast selector loop for one queue."""
-    return [processes.start_manage("qcluster") for _ in range(clusters)] + [
-        processes.start_manage("select", "--queue", queue_key, "--loop", "--interval", "0.05")]
+def start_clusters(clusters: int, env: dict | None = None,
+                   log=None):
+    """`clusters` django-q2 clusters as deployed: each starts the selector loop, which its
+    schedule keeps going; no selector beside them."""
+    return [processes.start_manage("qcluster", env=env, log=log) for _ in range(clusters)]
 
 
 # --- api ---------------------------------------------------------------------------------------

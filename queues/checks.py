@@ -4,6 +4,8 @@ from django.conf import settings
 from django.core import checks
 
 STALE_MARGIN_SECONDS = 60
+MIN_TASK_TIMEOUT_SECONDS = 120
+MIN_START_WINDOW_SECONDS = 30
 
 
 @checks.register()
@@ -26,6 +28,31 @@ def django_q_leaves_retries_to_queueadmin(app_configs, **kwargs):
     return problems
 
 
+@checks.register()
+def the_selector_loop_fits_in_the_task_timeout(app_configs, **kwargs):
+    """The selector loop runs until the next scheduled tick takes over; a task timeout shorter
+    than a tick's interval plus django-q2's scheduler lag would kill it first and leave gaps."""
+    timeout = getattr(settings, "Q_CLUSTER", {}).get("timeout") or 0
+    if timeout < MIN_TASK_TIMEOUT_SECONDS:
+        return [checks.Error(
+            f"Q_CLUSTER['timeout'] ({timeout}) must be at least {MIN_TASK_TIMEOUT_SECONDS} s: the "
+            f"selector loop runs until the next minute's tick takes over from it.",
+            id="queues.E004")]
+    return []
+
+
+def handler_timeout_error(handler_seconds: float) -> str | None:
+    """Why a handler timeout is unsafe, or None: a batch must be able to start an item and let
+    it run for its whole handler timeout before django-q2 kills the batch's task."""
+    maximum = settings.Q_CLUSTER.get("timeout", 0) - MIN_START_WINDOW_SECONDS
+    if handler_seconds <= 0:
+        return "must be positive"
+    if handler_seconds > maximum:
+        return (f"must be at most the worker task timeout less {MIN_START_WINDOW_SECONDS} s "
+                f"({maximum} s)")
+    return None
+
+
 def stale_threshold_error(stale_seconds: float) -> str | None:
     """Why a stale threshold is unsafe, or None: a healthy attempt may run for the whole task
     timeout, and rescuing it earlier would run it twice."""
@@ -37,7 +64,7 @@ def stale_threshold_error(stale_seconds: float) -> str | None:
 
 
 @checks.register(checks.Tags.database)
-def queue_stale_thresholds_exceed_the_task_timeout(app_configs, databases=None, **kwargs):
+def queue_timeouts_fit_the_task_timeout(app_configs, databases=None, **kwargs):
     from django.db import connection
 
     from queues.models import Queue
@@ -45,8 +72,13 @@ def queue_stale_thresholds_exceed_the_task_timeout(app_configs, databases=None, 
     # migrate runs database checks before it creates the tables.
     if not databases or Queue._meta.db_table not in connection.introspection.table_names():
         return []
-    return [
+    problems = [
         checks.Error(f"Queue {key!r}: stale threshold {error}.", id="queues.E003")
         for key, threshold in Queue.objects.values_list("key", "stale_threshold")
         if (error := stale_threshold_error(threshold.total_seconds()))
+    ]
+    return problems + [
+        checks.Error(f"Queue {key!r}: handler timeout {error}.", id="queues.E005")
+        for key, timeout in Queue.objects.values_list("key", "handler_timeout")
+        if (error := handler_timeout_error(timeout.total_seconds()))
     ]

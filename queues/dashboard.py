@@ -291,15 +291,22 @@ def item_detail(item: Item, now: datetime) -> ItemDetail:
     if item.status in READY_STATUSES:
         hold = "queue paused" if queue.paused else account_holds(queue, [item.account]).get(
             item.account, "")
+        # run_at already holds a delay the handler asked for; only the later retries follow
+        # the queue's backoff.
         next_run = max(item.run_at, now)
         dead_at = dead_letter_estimate(queue, item.attempts, next_run)
+    elif item.status in IN_FLIGHT_STATUSES:
+        # Attempt number `attempts` is under way (dispatch counts it): were it to fail now,
+        # the backoff after it applies.
+        dead_at = dead_letter_estimate(queue, item.attempts - 1, now)
     return ItemDetail(item=item, events=events, attempts=attempts, dead_letters=letters,
                       hold=hold, next_run=next_run, dead_letter_at=dead_at)
 
 
 def dead_letter_estimate(queue: Queue, attempts_done: int, next_run: datetime) -> datetime:
-    """When the item would reach the dead letters if its next attempt and every retry after it
-    failed at once (the backoff without jitter; run times not included)."""
+    """When the item would reach the dead letters if its attempt number attempts_done + 1,
+    starting at next_run, and every retry after it failed at once (the backoff without
+    jitter; run times not included)."""
     last_attempt = 1 + queue.max_retries
     delay = sum(retry_delay(queue.backoff_seconds, n, _NoJitter)
                 for n in range(attempts_done + 1, last_attempt))

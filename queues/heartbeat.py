@@ -12,6 +12,7 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import signal
 import socket
 import threading
 import time
@@ -20,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection
 from django.utils import timezone
 
+from queues import lease
 from queues.models import ClusterHeartbeat
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class Slot(ctypes.Structure):
 
 _main_pid: int | None = None
 _slots = None
+_stopping = None  # shared with the cluster's workers: when the cluster was told to stop
 _thread: threading.Thread | None = None
 
 
@@ -54,12 +57,14 @@ def start_in_cluster():
     """Prepare the heartbeat of this qcluster process. The thread starts only after the process
     forks django-q2's sentinel: forking a process while another thread may hold a lock (a
     database socket mid-query, say) can leave the child stuck."""
-    global _main_pid, _slots
+    global _main_pid, _slots, _stopping
     from django_q.conf import Conf
     from django_q.signals import post_execute_in_worker, pre_execute
 
     _main_pid = os.getpid()
-    _slots = multiprocessing.get_context("fork").Array(Slot, Conf.WORKERS + SPARE_SLOTS)
+    context = multiprocessing.get_context("fork")
+    _slots = context.Array(Slot, Conf.WORKERS + SPARE_SLOTS)
+    _stopping = context.Value(ctypes.c_double, 0.0)
     pre_execute.connect(_task_started, dispatch_uid="queueadmin-heartbeat-start")
     post_execute_in_worker.connect(_task_finished, dispatch_uid="queueadmin-heartbeat-finish")
     os.register_at_fork(after_in_parent=_start_thread_once)
@@ -70,8 +75,44 @@ def _start_thread_once():
     # The sentinel inherits this fork handler; only the qcluster process itself beats.
     if os.getpid() != _main_pid or _thread is not None:
         return
+    # django-q2 installed its handlers before forking the sentinel; ours run first.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        _mark_stopping_on(signum)
     _thread = threading.Thread(target=_beat_forever, name="queueadmin-heartbeat", daemon=True)
     _thread.start()
+
+
+def _mark_stopping_on(signum: int):
+    """On SIGTERM or SIGINT the workers learn that the cluster is stopping (stopping_since), so
+    their batches release what they have not started and the selector loop hands over, before
+    django-q2 waits for them to end."""
+    original = signal.getsignal(signum)
+
+    def handler(number, frame):
+        if _stopping.value == 0:
+            _stopping.value = time.time()
+        if callable(original):
+            original(number, frame)
+
+    signal.signal(signum, handler)
+
+
+def stopping_since() -> float | None:
+    """When (epoch seconds) this process's cluster was told to stop, or None."""
+    if _stopping is None or _stopping.value == 0:
+        return None
+    return _stopping.value
+
+
+def worker_id() -> str:
+    """This thread of this process, as attempts and the selector lease name it."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.current_thread().name}"
+
+
+def this_cluster() -> str:
+    """The cluster this process works for, as its heartbeat names it; outside a cluster (a test,
+    a command) the process itself, which never beats and so is never declared silent."""
+    return cluster_id(socket.gethostname(), _main_pid or os.getpid())
 
 
 def _task_started(sender, func=None, task=None, **kwargs):
@@ -143,6 +184,7 @@ def beat(*, host: str, pid: int, workers: int, started_at: datetime,
 
 def _beat_forever():
     from django_q.conf import Conf
+    from django_q.tasks import async_task
 
     host, pid, started = socket.gethostname(), os.getpid(), timezone.now()
     failing, first = False, True
@@ -150,6 +192,14 @@ def _beat_forever():
         try:
             row = beat(host=host, pid=pid, workers=Conf.WORKERS, started_at=started,
                        running=running_tasks())
+            if Conf.SCHEDULER and (first or lease.vacant()):
+                # django-q2's scheduler first looks at the schedules 30 s after start, and its
+                # next tick may be a minute away: a cluster that runs schedules starts the
+                # selector loop itself when it starts (taking over from a running loop) and
+                # when the loop's process died or ended with nobody to take over.
+                async_task("queues.selector.tick",
+                           task_name="selector loop at cluster start" if first
+                           else "selector loop restarted")
             if first or failing:
                 log.info("cluster %s heartbeat %s", row.cluster,
                          "written again" if failing else "started")
@@ -164,6 +214,18 @@ def _beat_forever():
 
 def is_stale(row: ClusterHeartbeat, now: datetime) -> bool:
     return now - row.beat_at > STALE_AFTER
+
+
+def silent_clusters(now: datetime) -> list[str]:
+    """Clusters that missed their beats while the database was up: a database restart counts
+    as a beat of every cluster, since none of them could write during it."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_postmaster_start_time()")
+            if cursor.fetchone()[0] > now - STALE_AFTER - timedelta(seconds=BEAT_SECONDS):
+                return []
+    return list(ClusterHeartbeat.objects.filter(beat_at__lt=now - STALE_AFTER)
+                .values_list("cluster", flat=True))
 
 
 def prune(now: datetime) -> int:

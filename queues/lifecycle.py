@@ -7,8 +7,9 @@ the same item. Each changed row gets an event and counter deltas in the same tra
 
 import json
 import random
+import secrets
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -49,7 +50,8 @@ ATTEMPT_COLUMNS = ("item_id", "number", "started_at", "finished_at", "outcome", 
                    "traceback", "worker", "result")
 DEAD_LETTER_COLUMNS = ("item_id", "queue_id", "account", "reason", "last_error", "attempts",
                        "created_at", "replayed_by")
-RETURNED = "id, queue_id, account, identifier, previous_status, attempts, started_at"
+RETURNED = ("id, queue_id, account, identifier, previous_status, attempts, started_at, "
+            "dispatch_token")
 EVENT_COLUMNS = ("item_id", "queue_id", "account", "identifier", "transition", "from_status",
                  "to_status", "attempt", "at", "actor", "reason")
 
@@ -69,6 +71,9 @@ TRANSITIONS = {
     for t in (
         Transition("dispatch", (Status.QUEUED, Status.RETRY), Status.DISPATCHED, "dispatched"),
         Transition("start", (Status.DISPATCHED,), Status.RUNNING, "started"),
+        # A dispatched item its batch never started (the batch's time ran out, its cluster is
+        # shutting down or stopped beating) is ready again; no attempt was spent on it.
+        Transition("release", (Status.DISPATCHED,), Status.QUEUED, "released"),
         Transition("complete", (Status.RUNNING,), Status.COMPLETE, "completed",
                    attempt_outcome=Attempt.Outcome.COMPLETE),
         Transition("retry", (Status.RUNNING,), Status.RETRY, "retry_scheduled",
@@ -138,6 +143,7 @@ class Changed:
     from_status: str
     attempts: int
     started_at: datetime | None
+    token: int = 0  # the dispatch token, which a worker needs to claim a dispatched item
 
 
 @dataclass
@@ -163,6 +169,10 @@ class Outcome:
     permanent: bool = False
     delay: float | None = None  # seconds, e.g. from a Retry-After header
     result: object = None  # what a completed attempt's handler returned, JSON-serialisable
+    # The attempt's own times and the thread that ran it; unset, the item's start and now.
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    worker: str = ""
 
 
 # --- enqueue ---------------------------------------------------------------------------------
@@ -344,12 +354,15 @@ def apply(
     reason: str = "",
     expected_attempts: Mapping[int, int] | None = None,
     values: Mapping[int, Mapping] | None = None,
+    guard: tuple[str, list] | None = None,
 ) -> TransitionResult:
     """Move every listed item that is in one of the action's source statuses.
 
     `expected_attempts` fences worker transitions: an item moves only while its attempt number
-    is still the one the caller was given. `values` carries per-item data: run_at, error,
-    traceback, worker, dead_reason. Items that did not move are listed in `skipped` with why.
+    is still the one the caller was given; `guard` adds a condition on the row (SQL, params),
+    such as the worker's claim. `values` carries per-item data: run_at, error, traceback,
+    worker, dead_reason, started_at, finished_at. Items that did not move are listed in
+    `skipped` with why.
     """
     transition_ = TRANSITIONS.get(action)
     if transition_ is None:
@@ -368,7 +381,7 @@ def apply(
             ids = _drop_requeue_duplicates(ids, result)
         for chunk in chunked(ids, BATCH_LIMIT):
             result.changed += _move(transition_, chunk, now, actor, reason, expected_attempts,
-                                    values)
+                                    values, guard)
         result.skipped.update(_explain_skipped(transition_, result, expected_attempts))
     return result
 
@@ -386,7 +399,7 @@ def apply_selected(action: str, selection_sql: str, selection_params: list, *,
         return apply(action, ids, actor=actor).changed
     with transaction.atomic(savepoint=False):
         return _update_recorded(transition_, f"id IN ({selection_sql})", selection_params,
-                                [], timezone.now(), actor, "", None)
+                                [], timezone.now(), actor, "", None, None)
 
 
 def transition(item_id: int, action: str, *, actor: str, reason: str = "",
@@ -419,8 +432,12 @@ def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason:
 
     name = transition_.name
     if name == "dispatch":
-        sets += ["attempts = attempts + 1", "dispatched_at = %s", "started_at = NULL"]
-        params.append(to_db_datetime(now))
+        sets += ["attempts = attempts + 1", "dispatched_at = %s", "started_at = NULL",
+                 "dispatch_token = %s", "cluster = ''"]
+        params += [to_db_datetime(now), secrets.randbits(62)]
+    elif name == "release":
+        # The dispatch gave the item an attempt number it never used: take it back.
+        sets += ["attempts = attempts - 1", "dispatched_at = NULL", "cluster = ''"]
     elif name == "start":
         sets.append("started_at = %s")
         params.append(to_db_datetime(now))
@@ -449,7 +466,8 @@ def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason:
 
 def _update_sql(transition_: Transition, id_condition: str, id_params: list, ids: list[int],
                 now: datetime, reason: str, expected_attempts: Mapping[int, int] | None,
-                values: Mapping[int, Mapping]) -> tuple[str, list] | None:
+                values: Mapping[int, Mapping],
+                guard: tuple[str, list] | None) -> tuple[str, list] | None:
     """The guarded UPDATE ... RETURNING of one transition for the rows `id_condition` picks;
     None when the fence leaves no row to move."""
     table = Item._meta.db_table
@@ -469,6 +487,9 @@ def _update_sql(transition_: Transition, id_condition: str, id_params: list, ids
             fence.append(f"(attempts = %s AND id IN ({placeholders(len(members))}))")
             params += [number, *members]
         where.append("(" + " OR ".join(fence) + ")")
+    if guard is not None:
+        where.append(f"({guard[0]})")
+        params += guard[1]
     if transition_.name == "requeue":
         # A retry must not create a second live item with the same identifier.
         where.append(
@@ -480,16 +501,16 @@ def _update_sql(transition_: Transition, id_condition: str, id_params: list, ids
 
 
 def _move(transition_: Transition, ids: list[int], now: datetime, actor: str, reason: str,
-          expected_attempts: Mapping[int, int] | None,
-          values: Mapping[int, Mapping]) -> list[Changed]:
+          expected_attempts: Mapping[int, int] | None, values: Mapping[int, Mapping],
+          guard: tuple[str, list] | None = None) -> list[Changed]:
     """One chunk: the guarded UPDATE and its records."""
     try:
         # Only a requeue recovers from an error here, so only it pays for a savepoint.
         with transaction.atomic(savepoint=transition_.name == "requeue"):
             if _records_in_sql(transition_, values):
                 return _update_recorded(transition_, "id = ANY(%s::bigint[])", [ids], ids, now,
-                                        actor, reason, expected_attempts)
-            changed = _update(transition_, ids, now, reason, expected_attempts, values)
+                                        actor, reason, expected_attempts, guard)
+            changed = _update(transition_, ids, now, reason, expected_attempts, values, guard)
             _record(transition_, changed, now, actor, reason, values)
             return changed
     except IntegrityError:
@@ -508,10 +529,10 @@ def _move(transition_: Transition, ids: list[int], now: datetime, actor: str, re
 
 
 def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
-            expected_attempts: Mapping[int, int] | None,
-            values: Mapping[int, Mapping]) -> list[Changed]:
+            expected_attempts: Mapping[int, int] | None, values: Mapping[int, Mapping],
+            guard: tuple[str, list] | None) -> list[Changed]:
     statement = _update_sql(transition_, f"id IN ({placeholders(len(ids))})", ids, ids, now,
-                            reason, expected_attempts, values)
+                            reason, expected_attempts, values, guard)
     if statement is None:
         return []
     with connection.cursor() as cursor:
@@ -521,7 +542,8 @@ def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
 
 def _changed(row) -> Changed:
     return Changed(id=row[0], queue_id=row[1], account=row[2], identifier=row[3],
-                   from_status=row[4], attempts=row[5], started_at=from_db_datetime(row[6]))
+                   from_status=row[4], attempts=row[5], started_at=from_db_datetime(row[6]),
+                   token=row[7])
 
 
 def _records_in_sql(transition_: Transition, values: Mapping[int, Mapping]) -> bool:
@@ -533,12 +555,13 @@ def _records_in_sql(transition_: Transition, values: Mapping[int, Mapping]) -> b
 
 def _update_recorded(transition_: Transition, id_condition: str, id_params: list,
                      ids: list[int], now: datetime, actor: str, reason: str,
-                     expected_attempts: Mapping[int, int] | None) -> list[Changed]:
+                     expected_attempts: Mapping[int, int] | None,
+                     guard: tuple[str, list] | None) -> list[Changed]:
     """PostgreSQL: the UPDATE, the events and counter deltas of the rows it moved (and, for a
     requeue, their dead letters marked replayed) in one statement, so a selector round or a
     bulk step pays one round trip and ships no rows to the database."""
     statement = _update_sql(transition_, id_condition, id_params, ids, now, reason,
-                            expected_attempts, {})
+                            expected_attempts, {}, guard)
     if statement is None:
         return []
     update_sql, params = statement
@@ -614,7 +637,8 @@ def _record(transition_: Transition, changed: list[Changed], now: datetime, acto
     if transition_.attempt_outcome:
         result_field = Attempt._meta.get_field("result")
         insert_rows(Attempt, ATTEMPT_COLUMNS, [
-            (row.id, row.attempts, to_db_datetime(row.started_at), at,
+            (row.id, row.attempts, to_db_datetime(data(row).get("started_at") or row.started_at),
+             to_db_datetime(data(row).get("finished_at") or now),
              transition_.attempt_outcome, error(row),
              (data(row).get("traceback") or "")[-TRACEBACK_LIMIT:], data(row).get("worker", ""),
              result_field.get_db_prep_save(data(row).get("result"), connection))
@@ -710,11 +734,57 @@ def delete_finished(queue_id: int, ids: list[int]) -> Counter:
     return deleted
 
 
-def rescue_lost(queue: Queue, attempts: Mapping[int, int], *,
-                actor: str = "sweeper") -> dict[str, TransitionResult]:
+def rescue_lost(queue: Queue, attempts: Mapping[int, int], *, actor: str = "sweeper",
+                error: str = WORKER_LOST) -> dict[str, TransitionResult]:
     """Dispatched or running items whose worker vanished: the attempt counts, then retry or fail."""
-    outcomes = [Outcome(item_id=pk, attempt=n, error=WORKER_LOST) for pk, n in attempts.items()]
+    outcomes = [Outcome(item_id=pk, attempt=n, error=error) for pk, n in attempts.items()]
     return _settle(queue, outcomes, lost=True, worker="", actor=actor)
+
+
+def claim(batch: Iterable[Sequence[int]], cluster: str) -> dict[int, int]:
+    """A worker task's claim on its dispatched batch, before it starts anything: the items still
+    dispatched under the batch's token (attempt number and dispatch token) and claimed by no
+    one take the cluster's name, so that a cluster that stops beating can be told what it held.
+    Entries are [id, attempt, token], or [id, attempt] from tasks queued before tokens existed.
+    Returns {item id: attempt number} of what this batch now holds."""
+    groups: dict[tuple, list[int]] = {}
+    for entry in batch:
+        groups.setdefault(tuple(entry[1:3]), []).append(int(entry[0]))
+    if not groups:
+        return {}
+    fence, params = [], [cluster, Status.DISPATCHED]
+    for key, members in groups.items():
+        token = "AND dispatch_token = %s" if len(key) > 1 else ""
+        fence.append(f"(attempts = %s {token} AND id IN ({placeholders(len(members))}))")
+        params += [*key, *members]
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Item._meta.db_table} SET cluster = %s WHERE status = %s AND cluster = '' "
+            f"AND ({' OR '.join(fence)}) RETURNING id, attempts", params)
+        return dict(cursor.fetchall())
+
+
+def claim_waiting(queue_id: int, cluster: str, limit: int) -> list[list[int]]:
+    """Items of the queue dispatched to a batch that no worker has picked up yet (all worker
+    processes busy), claimed for a running batch with idle threads: the waiting batch finds them
+    claimed and does nothing. Oldest dispatch first. Returns [id, attempt, dispatch token]."""
+    table = Item._meta.db_table
+    lock = "FOR UPDATE SKIP LOCKED" if is_postgres() else ""
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET cluster = %s WHERE cluster = '' AND status = %s AND id IN "
+            f"(SELECT id FROM {table} WHERE queue_id = %s AND status = %s AND cluster = '' "
+            f"ORDER BY dispatched_at, id LIMIT %s {lock}) RETURNING id, attempts, dispatch_token",
+            [cluster, Status.DISPATCHED, queue_id, Status.DISPATCHED, limit])
+        return [list(row) for row in cursor.fetchall()]
+
+
+def claimed_by(cluster: str, tokens: Iterable[int] = ()) -> tuple[str, list]:
+    """The guard of a worker's own transitions on items it claimed (see `claim`)."""
+    tokens = sorted(set(tokens))
+    if not tokens:
+        return "cluster = %s", [cluster]
+    return f"cluster = %s AND dispatch_token IN ({placeholders(len(tokens))})", [cluster, *tokens]
 
 
 def _settle(queue: Queue, outcomes: list[Outcome], *, lost: bool, worker: str,
@@ -724,8 +794,9 @@ def _settle(queue: Queue, outcomes: list[Outcome], *, lost: bool, worker: str,
     fences: dict[int, int] = {}
     for outcome in outcomes:
         fences[outcome.item_id] = outcome.attempt
-        data = {"worker": worker, "error": outcome.error, "traceback": outcome.traceback,
-                "result": outcome.result}
+        data = {"worker": outcome.worker or worker, "error": outcome.error,
+                "traceback": outcome.traceback, "result": outcome.result,
+                "started_at": outcome.started_at, "finished_at": outcome.finished_at}
         exhausted = outcome.attempt >= 1 + queue.max_retries
         if outcome.error is None:
             groups["complete"][outcome.item_id] = data

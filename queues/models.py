@@ -46,6 +46,10 @@ def default_stale_threshold():
     return timedelta(seconds=settings.QUEUEADMIN["STALE_THRESHOLD_SECONDS"])
 
 
+def default_handler_timeout():
+    return timedelta(seconds=settings.QUEUEADMIN["HANDLER_TIMEOUT_SECONDS"])
+
+
 def validate_backoff(value):
     from django.core.exceptions import ValidationError
 
@@ -83,6 +87,11 @@ class Queue(models.Model):
     )
     dispatch_timeout = models.DurationField(default=timedelta(minutes=5))
     stale_threshold = models.DurationField(default=default_stale_threshold)
+    handler_timeout = models.DurationField(
+        default=default_handler_timeout,
+        help_text="An attempt running longer is recorded as timed out (a retryable error) and "
+                  "its late result refused.",
+    )
     retention_days = models.PositiveIntegerField(default=60, validators=[MinValueValidator(1)])
     alert_dead_letters = models.PositiveIntegerField(default=100)
     alert_depth = models.PositiveIntegerField(default=10_000)
@@ -103,11 +112,17 @@ class Queue(models.Model):
     def clean(self):
         from django.core.exceptions import ValidationError
 
-        from queues.checks import stale_threshold_error
+        from queues.checks import handler_timeout_error, stale_threshold_error
 
+        errors = {}
         if self.stale_threshold and (error := stale_threshold_error(
                 self.stale_threshold.total_seconds())):
-            raise ValidationError({"stale_threshold": f"The stale threshold {error}."})
+            errors["stale_threshold"] = f"The stale threshold {error}."
+        if self.handler_timeout is not None and (error := handler_timeout_error(
+                self.handler_timeout.total_seconds())):
+            errors["handler_timeout"] = f"The handler timeout {error}."
+        if errors:
+            raise ValidationError(errors)
 
 
 class AccountPolicy(models.Model):
@@ -155,6 +170,12 @@ class Item(models.Model):
     dispatched_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A random number each dispatch writes: only the worker task carrying it may start the item,
+    # so a stale delivery of a batch whose items were released and dispatched again does nothing.
+    dispatch_token = models.BigIntegerField(default=0, db_default=0)
+    # The worker cluster (host:pid, as in ClusterHeartbeat) whose batch claimed the dispatched
+    # item: when that cluster stops beating, its items are rescued without waiting for timeouts.
+    cluster = models.CharField(max_length=100, blank=True, default="", db_default="")
 
     class Meta:
         constraints = [
@@ -304,6 +325,20 @@ class SelectorState(models.Model):
 
     def __str__(self):
         return f"cursor {self.cursor!r} of queue {self.queue_id}"
+
+
+class SelectorLease(models.Model):
+    """One row (id 1): which process runs the selector loop. Times are the database's clock in
+    epoch seconds, so machines with skewed clocks agree on when a lease has run out; a newer
+    scheduled tick writes itself as `successor` and the holder hands over."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    holder = models.CharField(max_length=150, blank=True)
+    renewed_at = models.FloatField(default=0)
+    successor = models.CharField(max_length=150, blank=True)
+
+    def __str__(self):
+        return f"selector loop held by {self.holder or 'nobody'}"
 
 
 class SelectorRound(models.Model):

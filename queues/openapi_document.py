@@ -93,7 +93,11 @@ def document() -> dict:
             "attempts": {"type": "integer", "minimum": 0},
             "retries_left": {"type": ["integer", "null"], "minimum": 0,
                              "description": "Failed attempts still retried before the item "
-                                            "moves to the dead letters; null once complete."},
+                                            "moves to the dead letters: max_retries minus the "
+                                            "attempts after the first, for queued, dispatched, "
+                                            "running and retry items (a new item has all of "
+                                            "them); 0 once failed; null once complete or "
+                                            "cancelled."},
             "last_error": {"type": ["string", "null"]},
             "next_run_at": {**NULLABLE_DATE_TIME,
                             "description": "Estimated next run for waiting items (queued or "

@@ -1,6 +1,7 @@
 """Real processes beside this one (web server, worker clusters, selector loop) on the database
 this process uses: for benchmarks, fault drills and end-to-end tests."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -82,6 +83,19 @@ def stop(processes, sig=signal.SIGTERM):
         except subprocess.TimeoutExpired:  # a process that does not stop in time is killed
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def stop_clusters(clusters, wait: float = 90):
+    """Stop django-q2 clusters as `docker stop` does: SIGTERM to each main process only, so that
+    it stops its workers within its shutdown grace; killed if it has not ended in `wait` s."""
+    for cluster in clusters:
+        if cluster.poll() is None:
+            os.kill(cluster.pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    for cluster in clusters:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            cluster.wait(timeout=max(0.0, deadline - time.monotonic()))
+    stop(clusters, signal.SIGKILL)  # whatever is left of a group, killed ones included
 
 
 def wait_for(condition, timeout: float, interval: float = 0.25) -> bool:

@@ -7,21 +7,24 @@ the task row is written with the items' new status or not at all.
 """
 
 import logging
+import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from queues import counters, lifecycle
+from queues import counters, heartbeat, lease, lifecycle, stream, sweeper
 from queues.db import insert_rows, is_postgres, placeholders, to_db_datetime
 from queues.fairness import plan_batch
 from queues.models import (
     IN_FLIGHT_STATUSES,
+    READY_STATUSES,
     AccountPolicy,
     GlobalPause,
     Item,
@@ -33,6 +36,13 @@ from queues.models import (
 log = logging.getLogger(__name__)
 LOCK_NAMESPACE = 7_466_001  # first key of the advisory lock; the queue id is the second
 READY_SQL = "status IN ('queued', 'retry')"  # the ready-set partial index's predicate
+IDLE_SECONDS = 1.0  # longest wait between passes when nothing wakes the loop
+SQLITE_POLL_SECONDS = 0.25
+COALESCE_SECONDS = 0.05
+RENEW_SECONDS = 0.5  # a waiting successor takes over within about this long
+RESCUE_SECONDS = 5.0
+# The loop ends this long before the django-q2 task timeout would kill it.
+LOOP_MARGIN_SECONDS = 30
 ROUND_COLUMNS = ("queue_id", "started_at", "duration_ms", "taken", "accounts", "allocation",
                  "cursor")
 
@@ -45,6 +55,7 @@ class Round:
     capacity: int = 0
     duration_ms: float = 0.0
     item_ids: list[int] = field(default_factory=list)
+    batch: list[list[int]] = field(default_factory=list)  # [id, attempt, dispatch token]
 
     @property
     def total(self) -> int:
@@ -56,7 +67,10 @@ class Round:
         return self.capacity > 0 and self.total == self.capacity
 
 
-def run_round(queue: Queue) -> Round:
+def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None) -> Round:
+    """One round. The selector loop's rounds hand their batch to a new worker task; a running
+    batch with idle threads asks for at most `limit` items `for_cluster` (its own) and gets them
+    claimed for it, in the same transaction, to run at once."""
     result = Round(queue=queue.key)
     with transaction.atomic():
         if not _try_lock(queue):
@@ -71,6 +85,8 @@ def run_round(queue: Queue) -> Round:
             result.skipped = "paused globally" if state.globally_paused else "paused"
             return result
         result.capacity = _capacity(queue, now, state.in_flight)
+        if limit is not None:
+            result.capacity = min(result.capacity, limit)
         if result.capacity <= 0:
             result.skipped = "full"
             return result
@@ -80,6 +96,14 @@ def run_round(queue: Queue) -> Round:
         accounts = _next_accounts(queue, now, previous_cursor, result.capacity, excluded)
         demand, plan, cursor = _plan(queue, now, accounts, result.capacity, previous_cursor,
                                      caps, weights)
+        if (not for_cluster and state.in_flight and result.capacity < _fill(queue)
+                and sum(plan.values()) == result.capacity
+                and _ready_beyond(queue, now, result.capacity)):
+            # Under a backlog, a little freed capacity is left to the running batches, which
+            # take it at once (worker top-ups); a new batch waits until half a batch is free,
+            # so that it is worth a worker task.
+            result.skipped = "waiting for a fuller batch"
+            return result
         if plan and sum(plan.values()) == sum(demand.values()):
             # All the demand we read was met, but it may be only the next accounts of a longer
             # ring: carry on after the last one served (accounts are in ring order).
@@ -88,14 +112,14 @@ def run_round(queue: Queue) -> Round:
             dispatched = lifecycle.apply_selected("dispatch", *_claim_sql(queue, now, plan),
                                                   actor="selector")
             result.item_ids = [row.id for row in dispatched]
+            result.batch = [[row.id, row.attempts, row.token] for row in dispatched]
             for row in dispatched:
                 result.taken[row.account] = result.taken.get(row.account, 0) + 1
-            if dispatched:
-                async_task(
-                    "queues.worker.run_batch", queue.pk,
-                    [[row.id, row.attempts] for row in dispatched],
-                    task_name=f"{queue.key} batch of {len(dispatched)}",
-                )
+            if dispatched and for_cluster:
+                lifecycle.claim(result.batch, for_cluster)
+            elif dispatched:
+                async_task("queues.worker.run_batch", queue.pk, result.batch,
+                           task_name=f"{queue.key} batch of {len(dispatched)}")
             result.duration_ms = (time.perf_counter() - started) * 1000
             # Empty rounds change nothing and are not recorded: an idle queue is polled every
             # second.
@@ -105,23 +129,80 @@ def run_round(queue: Queue) -> Round:
     return result
 
 
-def tick(seconds: float = 50.0, idle_sleep: float = 1.0) -> dict[str, int]:
-    """The scheduled task (every minute): passes over every queue that is not paused until
-    `seconds` are up, the next pass at once while some round filled its batch, otherwise after
-    `idle_sleep`. Returns the items taken per queue."""
+def tick(seconds: float | None = None, idle_sleep: float = IDLE_SECONDS) -> dict[str, int]:
+    """The scheduled task (every minute, and once when a cluster starts): the selector loop.
+
+    It takes the lease from the running loop, which hands over at once, so the loop passes from
+    tick to tick without a gap, and then passes over every queue that is not paused: the next
+    pass at once while some round filled its batch, otherwise when an item is enqueued or ends
+    (LISTEN/NOTIFY on PostgreSQL, a short poll on SQLite) or after `idle_sleep`. Every few
+    seconds it rescues the items of clusters that stopped beating. It ends when a newer tick
+    takes over, its cluster shuts down, or after `seconds` (by default as long as the task
+    timeout allows). Returns the items taken per queue."""
+    me = f"{heartbeat.worker_id()}:{secrets.token_hex(4)}"
+    if seconds is None:
+        seconds = settings.Q_CLUSTER["timeout"] - LOOP_MARGIN_SECONDS
+    if not lease.acquire(me, wait=lease.TTL_SECONDS + 5):
+        return {}
     taken: Counter = Counter()
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        go_on = False
-        for queue in Queue.objects.filter(paused=False):
-            result = run_round(queue)
-            taken[queue.key] += result.total
-            go_on |= result.filled
-        if not go_on:
-            time.sleep(min(idle_sleep, max(0.0, deadline - time.monotonic())))
+    renew_at = rescue_at = 0.0
+    try:
+        with _Wakeups() as wakeups:
+            while time.monotonic() < deadline and heartbeat.stopping_since() is None:
+                if time.monotonic() >= renew_at:
+                    if lease.renew(me) != lease.HELD:
+                        break
+                    renew_at = time.monotonic() + RENEW_SECONDS
+                if time.monotonic() >= rescue_at:
+                    started = timezone.now()
+                    if rescued := sweeper.rescue_silent_clusters(started):
+                        # Shown with the sweeper's runs: what the loop changed, when.
+                        sweeper.record_run(started, dict(rescued))
+                    rescue_at = time.monotonic() + RESCUE_SECONDS
+                go_on = False
+                for queue in Queue.objects.filter(paused=False):
+                    result = run_round(queue)
+                    taken[queue.key] += result.total
+                    go_on |= result.filled
+                if not go_on:
+                    wakeups.wait(min(idle_sleep, max(0.0, deadline - time.monotonic()),
+                                     max(0.0, renew_at - time.monotonic())))
+    finally:
+        lease.release(me)
     if any(taken.values()):
         log.info("selector dispatched %s", dict(taken))
     return dict(taken)
+
+
+class _Wakeups:
+    """Waits until an item may have become ready or capacity freed: every transition's
+    transaction notifies the events channel on PostgreSQL (queues.stream); SQLite polls."""
+
+    def __enter__(self):
+        self.listening = None
+        return self
+
+    def wait(self, timeout: float):
+        if not is_postgres():
+            time.sleep(min(timeout, SQLITE_POLL_SECONDS))
+            return
+        raw = connection.connection
+        if raw is None or raw is not self.listening:  # a new connection listens anew
+            with connection.cursor() as cursor:
+                cursor.execute(f"LISTEN {stream.CHANNEL}")
+            raw = self.listening = connection.connection
+        if next(raw.notifies(timeout=timeout, stop_after=1), None) is not None:
+            # Outcomes and enqueues arrive in bursts: gather a little before the next pass.
+            time.sleep(COALESCE_SECONDS)
+            for _ in raw.notifies(timeout=0):
+                pass
+
+    def __exit__(self, *exc):
+        if self.listening is not None and self.listening is connection.connection:
+            # The connection outlives this task in the worker: stop collecting notifications.
+            with connection.cursor() as cursor:
+                cursor.execute("UNLISTEN *")
 
 
 @dataclass(frozen=True)
@@ -190,6 +271,16 @@ def _capacity(queue: Queue, now: datetime, in_flight: int) -> int:
         ).aggregate(n=Sum("taken"))["n"] or 0
         capacity = min(capacity, queue.rate_limit_per_minute - recent)
     return capacity
+
+
+def _fill(queue: Queue) -> int:
+    return max(1, min(queue.batch_size, queue.concurrency) // 2)
+
+
+def _ready_beyond(queue: Queue, now: datetime, count: int) -> bool:
+    """More than `count` items are ready: a backlog (count is below half a batch)."""
+    return Item.objects.filter(queue=queue, status__in=READY_STATUSES, run_at__lte=now).order_by(
+        ).values("id")[count:count + 1].exists()
 
 
 def _apply_policies(queue: Queue, policies: list[AccountPolicy]):

@@ -19,6 +19,7 @@ from queues.db import is_postgres, to_db_datetime
 from queues.jsonlog import item_fields
 from queues.models import (
     FINISHED_STATUSES,
+    IN_FLIGHT_STATUSES,
     Item,
     OutcomeMinute,
     Queue,
@@ -55,10 +56,14 @@ def run(seconds: float = 240.0) -> dict[str, int] | None:
         totals["bulk operations resumed"] += bulk.resume_lost(
             timezone.now() - BULK_STEP_LOST_AFTER)
     counts = {action: n for action, n in totals.items() if n}
-    SweepRun.objects.create(started_at=started, finished_at=timezone.now(), counts=counts)
+    record_run(started, counts)
     if counts:
         log.info("sweeper changed %s", counts)
     return counts
+
+
+def record_run(started: datetime, counts: dict[str, int]):
+    SweepRun.objects.create(started_at=started, finished_at=timezone.now(), counts=counts)
 
 
 def step(now: datetime | None = None) -> tuple[Counter, bool]:
@@ -81,6 +86,7 @@ def step(now: datetime | None = None) -> tuple[Counter, bool]:
         deleted, full = _prune_old(model, field, now - age)
         changed[f"{model._meta.verbose_name_plural} pruned"] += deleted
         more |= full
+    changed.update(rescue_silent_clusters(now))
     # A handful of rows at most: clusters stopped or replaced a day ago.
     changed["cluster heartbeats pruned"] += heartbeat.prune(now)
     return changed, more
@@ -104,6 +110,48 @@ def _rescue(queue: Queue, status: str, older_than: datetime) -> tuple[Counter, b
                             extra=item_fields(queue.key, row.id, row.account,
                                               attempt=row.attempts))
     return changed, len(stuck) == BATCH
+
+
+def rescue_silent_clusters(now: datetime | None = None) -> Counter:
+    """Items held by clusters that stopped beating (killed, frozen, cut off), without waiting
+    for the dispatch timeout or the stale threshold: dispatched ones they never started are
+    released, running ones count a lost attempt. Both are fenced by the claim and attempt
+    number, so a frozen cluster that wakes up can record nothing. The selector loop runs this
+    every few seconds."""
+    now = now or timezone.now()
+    changed: Counter = Counter()
+    silent = heartbeat.silent_clusters(now)
+    if not silent:
+        return changed
+    held = Item.objects.filter(status__in=IN_FLIGHT_STATUSES, cluster__in=silent).values_list(
+        "queue_id", "cluster", "status", "id", "attempts")[:BATCH]
+    groups: dict[tuple, dict[int, int]] = {}
+    for queue_id, cluster, status, pk, attempts in held:
+        groups.setdefault((queue_id, cluster, status), {})[pk] = attempts
+    queues = Queue.objects.in_bulk({queue_id for queue_id, _, _ in groups})
+    for (queue_id, cluster, status), attempts in groups.items():
+        queue = queues[queue_id]
+        if status == Status.DISPATCHED:
+            result = lifecycle.apply(
+                "release", list(attempts), actor="selector", expected_attempts=attempts,
+                reason=f"cluster {cluster} stopped beating before starting it",
+                guard=("cluster = %s", [cluster]))
+            changed["dispatched items of silent clusters released"] += len(result.changed)
+            continue
+        results = lifecycle.rescue_lost(queue, attempts, actor="selector",
+                                        error=f"{lifecycle.WORKER_LOST}: cluster {cluster} "
+                                              f"stopped beating")
+        for kind, result in results.items():
+            changed[f"running items of silent clusters lost, "
+                    f"{'retried' if kind == 'retry' else 'failed'}"] += len(result.changed)
+            for row in result.changed:
+                log.warning("item %s lost with cluster %s, %s", row.id, cluster,
+                            "retry scheduled" if kind == "retry" else "dead-lettered",
+                            extra=item_fields(queue.key, row.id, row.account,
+                                              attempt=row.attempts))
+    if changed:
+        log.info("rescued from silent clusters %s: %s", silent, dict(changed))
+    return changed
 
 
 def _prune_items(queue: Queue, finished_before: datetime) -> tuple[Counter, bool]:

@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from queues import tokens
+from queues import lifecycle, tokens
 from queues.models import ApiToken, CounterDelta, Item, ItemEvent
 from tests.factories import QueueFactory, enqueued, items_in_status
 
@@ -313,6 +313,63 @@ def test_item_detail_shows_status_attempts_error_and_next_retry(client, queue, s
     assert (body["status"], body["attempts"], body["retries_left"]) == ("retry", 1, 2)
     assert body["last_error"]
     assert body["next_run_at"] is not None
+
+
+def read_item(client, item):
+    secret = tokens.create(f"reader-{item.pk}", queue_keys=[item.queue.key])[1]
+    response = client.get(f"/api/v1/items/{item.pk}", HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert response.status_code == 200
+    return response.json()
+
+
+def run_next_attempt(queue, item, *, error="still down"):
+    """Dispatches and starts the item's next attempt through the lifecycle, then fails it with
+    a temporary error, or leaves it running when error is None."""
+    attempt = item.attempts + 1
+    lifecycle.apply("dispatch", [item.pk], actor="selector")
+    lifecycle.apply("start", [item.pk], actor="worker", expected_attempts={item.pk: attempt})
+    if error is not None:
+        lifecycle.finish(queue, [lifecycle.Outcome(item_id=item.pk, attempt=attempt, error=error)],
+                         worker="worker-1")
+    item.refresh_from_db()
+    assert item.attempts == attempt
+    return item
+
+
+@pytest.mark.parametrize(("status", "retries_left"), [
+    ("queued", 5), ("dispatched", 5), ("running", 5), ("retry", 5),
+    ("failed", 0), ("complete", None), ("cancelled", None),
+])
+def test_item_detail_counts_the_retries_left_in_every_status(client, status, retries_left):
+    # Attempts counts runs: the first run, and the retry after its failure, use no retry yet.
+    queue = QueueFactory(key="reports")
+    assert queue.max_retries == 5
+    body = read_item(client, items_in_status(queue, status)[0])
+    assert (body["status"], body["retries_left"]) == (status, retries_left)
+
+
+def test_every_attempt_after_the_first_uses_one_retry(client):
+    queue = QueueFactory(key="reports")
+    [item] = items_in_status(queue, "retry")
+    for _ in range(2):
+        item = run_next_attempt(queue, item)
+    assert (item.status, item.attempts, read_item(client, item)["retries_left"]) == (
+        "retry", 3, 3)
+    for _ in range(2):
+        item = run_next_attempt(queue, item)
+    item = run_next_attempt(queue, item, error=None)
+    assert (item.status, item.attempts, read_item(client, item)["retries_left"]) == (
+        "running", 6, 0)
+
+
+def test_retries_left_is_not_negative_after_max_retries_was_lowered(client):
+    queue = QueueFactory(key="reports")
+    [item] = items_in_status(queue, "retry")
+    for _ in range(3):
+        item = run_next_attempt(queue, item)
+    queue.max_retries = 1
+    queue.save(update_fields=["max_retries"])
+    assert (item.status, read_item(client, item)["retries_left"]) == ("retry", 0)
 
 
 def test_item_detail_is_404_for_unknown_and_absurd_ids(client, secret):

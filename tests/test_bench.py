@@ -4,7 +4,7 @@ import json
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from queues import bench
 from queues.fairness import plan_batch
@@ -40,6 +40,28 @@ def test_simulation_reports_where_the_seed_hangs():
     figures = bench.simulate_fairness(bench.seed_plan_batch, {f"a{i}": 20 for i in range(7)},
                                       60, 10)
     assert figures == {"hangs at round": (0, "round (its loop never ends)")}
+
+
+def test_bench_planner_times_plan_batch_per_backlog(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    out = StringIO()
+    call_command("bench", "planner", "--accounts", "50", "--accounts", "1200", "--runs", "3",
+                 stdout=out)
+    assert "1,200 accounts x 1,000,000 items: p95" in out.getvalue()
+    report = json.loads((tmp_path / "planner.json").read_text())
+    assert report["parameters"] == {"accounts": "50,1200", "batch_size": 60, "runs": 3}
+    assert [name for name, _, _ in report["figures"]] == [
+        f"{accounts} accounts{case}: {figure}"
+        for accounts in ("50", "1,200")
+        for case in (" x 1,000,000 items", ", random demand and weight")
+        for figure in ("p50", "p95")
+    ]
+    assert all(value >= 0 and unit == "ms" for _, value, unit in report["figures"])
+
+
+def test_bench_planner_refuses_an_empty_batch():
+    with pytest.raises(CommandError, match="at least 1"):
+        call_command("bench", "planner", "--batch", "0")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -40,3 +40,27 @@ def test_a_queue_form_refuses_a_stale_threshold_below_the_task_timeout():
     queue = QueueFactory.build(key="hasty", name="Hasty", stale_threshold=timedelta(minutes=2))
     with pytest.raises(ValidationError, match="stale threshold must be more than"):
         queue.full_clean()
+
+
+def test_it_refuses_a_task_timeout_the_selector_loop_cannot_run_in(settings):
+    assert checks.the_selector_loop_fits_in_the_task_timeout(None) == []
+    settings.Q_CLUSTER = settings.Q_CLUSTER | {"timeout": 45, "retry": 105}
+    [error] = checks.the_selector_loop_fits_in_the_task_timeout(None)
+    assert error.id == "queues.E004" and "at least 120 s" in error.msg
+
+
+@pytest.mark.django_db
+def test_a_queue_handler_timeout_longer_than_the_task_allows_fails_the_database_check():
+    QueueFactory(key="patient", handler_timeout=timedelta(seconds=290))
+    with pytest.raises(SystemCheckError,
+                       match=r"Queue 'patient': handler timeout must be at most the worker task "
+                             r"timeout less 30 s \(270 s\)"):
+        call_command("check", "--database", "default")
+
+
+@pytest.mark.django_db
+def test_a_queue_form_refuses_a_handler_timeout_the_batch_cannot_give():
+    queue = QueueFactory.build(key="patient", name="Patient",
+                               handler_timeout=timedelta(seconds=290))
+    with pytest.raises(ValidationError, match="handler timeout must be at most"):
+        queue.full_clean()

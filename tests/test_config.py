@@ -74,6 +74,8 @@ def test_production_settings_load_when_complete():
         ({"QUEUEADMIN_TASK_TIMEOUT": "ten"}, "is not an integer"),
         ({"QUEUEADMIN_STALE_THRESHOLD": "300"}, "must exceed QUEUEADMIN_TASK_TIMEOUT"),
         ({"QUEUEADMIN_WORKERS": "1"}, "QUEUEADMIN_WORKERS=1 must be at least 2"),
+        ({"QUEUEADMIN_HANDLER_TIMEOUT": "290"}, "QUEUEADMIN_HANDLER_TIMEOUT=290s must be at most"),
+        ({"QUEUEADMIN_SHUTDOWN_GRACE": "0"}, "QUEUEADMIN_SHUTDOWN_GRACE=0 must be at least 1"),
         ({"QUEUEADMIN_API_MAX_BODY_BYTES": "1mb"}, "QUEUEADMIN_API_MAX_BODY_BYTES='1mb'"),
         ({"QUEUEADMIN_API_MAX_PAYLOAD_BYTES": "10"}, "must be at least 64"),
         ({"QUEUEADMIN_API_MAX_DELAY_DAYS": "0"}, "QUEUEADMIN_API_MAX_DELAY_DAYS=0 must be"),

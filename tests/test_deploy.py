@@ -49,6 +49,12 @@ def test_compose_has_the_database_a_one_shot_migration_web_and_scalable_workers(
     assert "ports" not in SERVICES["worker"]
 
 
+def test_docker_stop_leaves_a_worker_its_shutdown_grace_and_room_to_record():
+    period = SERVICES["worker"]["stop_grace_period"]
+    seconds = int(period[:-1]) * {"s": 1, "m": 60}[period[-1]]
+    assert seconds >= config.load({}).shutdown_grace_seconds + 20
+
+
 @pytest.mark.parametrize("name", ["migrate", "web", "worker"])
 def test_each_service_command_names_a_real_program(name):
     command = SERVICES[name]["command"]

@@ -1,5 +1,6 @@
 import math
 from bisect import bisect_right
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
@@ -23,7 +24,7 @@ def greedy_reference(demand, batch_size, cursor, weights=None):
     last = cursor
     for _ in range(min(batch_size, sum(demand[a] for a in accounts))):
         open_ = [a for a in accounts if taken[a] < demand[a]]
-        pick = min(open_, key=lambda a: ((taken[a] + 1) / weights.get(a, 1), ring[a]))
+        pick = min(open_, key=lambda a: (Fraction(taken[a] + 1, weights.get(a, 1)), ring[a]))
         taken[pick] += 1
         last = pick
     return {a: n for a, n in taken.items() if n}, last
@@ -57,6 +58,29 @@ def test_it_matches_the_slot_by_slot_definition(demand, batch_size, cursor):
        st.data())
 def test_it_matches_the_definition_with_weights(demand, batch_size, cursor, data):
     weights = {a: data.draw(st.integers(min_value=1, max_value=9)) for a in demand}
+    planned = plan_batch(demand, batch_size, cursor, weights)
+    taken, next_cursor = greedy_reference(demand, batch_size, cursor, weights)
+    assert planned[0] == taken
+    if sum(demand.values()) > batch_size:
+        assert planned[1] == next_cursor
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(account_names, st.one_of(st.integers(min_value=0, max_value=40),
+                                             st.integers(min_value=10**6, max_value=10**12)),
+                    max_size=30),
+    st.integers(min_value=1, max_value=300),
+    st.one_of(st.none(), account_names),
+    st.data(),
+)
+def test_it_matches_the_definition_with_huge_demands_and_weights(demand, batch_size, cursor,
+                                                                  data):
+    # Water levels far above the batch, and weights whose slot keys differ by less than a
+    # float can tell apart.
+    weights = {a: data.draw(st.one_of(st.integers(min_value=1, max_value=9),
+                                      st.integers(min_value=2**60, max_value=2**60 + 3)))
+               for a in demand}
     planned = plan_batch(demand, batch_size, cursor, weights)
     taken, next_cursor = greedy_reference(demand, batch_size, cursor, weights)
     assert planned[0] == taken

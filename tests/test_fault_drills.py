@@ -31,7 +31,7 @@ def test_two_clusters_push_10k_items_through_none_lost_none_completed_twice():
     items = 10_000
     queue = QueueFactory(key="drill", handler="noop", batch_size=60, concurrency=100_000)
     put(queue, items)
-    clusters = bench.start_clusters(2, queue.key)
+    clusters = bench.start_clusters(2)
     try:
         wait_for(lambda: Item.objects.filter(queue=queue, status=Status.COMPLETE).count()
                  == items, 600)
@@ -54,7 +54,7 @@ def test_a_cluster_killed_mid_batch_loses_nothing_and_runs_nothing_twice():
                          handler_options={"min_ms": 1000, "max_ms": 1000, "retry_rate": 0,
                                           "permanent_rate": 0})
     put(queue, 200)
-    first = bench.start_clusters(1, queue.key)
+    first = bench.start_clusters(1)
     try:
         wait_for(lambda: Item.objects.filter(queue=queue, status=Status.RUNNING).exists(), 60)
     finally:
@@ -68,7 +68,7 @@ def test_a_cluster_killed_mid_batch_loses_nothing_and_runs_nothing_twice():
     time.sleep(1.5)
     rescued = sweeper.run()
     assert sum(n for action, n in rescued.items() if "lost" in action) == lost_count
-    second = bench.start_clusters(1, queue.key)
+    second = bench.start_clusters(1)
     try:
         wait_for(lambda: not Item.objects.filter(queue=queue).exclude(
             status__in=TERMINAL).exists(), 240)
@@ -100,7 +100,7 @@ def test_a_handler_that_always_raises_makes_one_plus_max_retries_attempts_then_d
                          handler_options={"min_ms": 0, "max_ms": 0, "retry_rate": 1.0,
                                           "permanent_rate": 0})
     put(queue, 50)
-    clusters = bench.start_clusters(1, queue.key)
+    clusters = bench.start_clusters(1)
     try:
         wait_for(lambda: Item.objects.filter(queue=queue, status=Status.FAILED).count() == 50,
                  120)
@@ -127,7 +127,7 @@ def test_a_poison_item_that_kills_its_worker_ends_in_the_dead_letters():
                                           "permanent_rate": 0,
                                           "crash_identifiers": ["drill-3"]})
     put(queue, 10)
-    clusters = bench.start_clusters(1, queue.key)
+    clusters = bench.start_clusters(1)
     try:
         drive_until_terminal(queue, 180)
     finally:

@@ -77,8 +77,8 @@ def assert_moved(item, action, source, before_attempts, now):
     item.refresh_from_db()
     assert item.status == transition.target
     assert item.previous_status == source
-    expected_attempts = {"dispatch": before_attempts + 1, "requeue": 0}.get(action,
-                                                                           before_attempts)
+    expected_attempts = {"dispatch": before_attempts + 1, "requeue": 0,
+                         "release": before_attempts - 1}.get(action, before_attempts)
     assert item.attempts == expected_attempts
     event = item.events.order_by("-id").first()
     assert (event.transition, event.from_status, event.to_status, event.actor, event.attempt) == (

@@ -10,7 +10,15 @@ from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from queues import enqueue_many, lifecycle, selector
-from queues.models import Item, SelectorRound, SelectorState, Status
+from queues.models import (
+    ClusterHeartbeat,
+    Item,
+    ItemEvent,
+    SelectorRound,
+    SelectorState,
+    Status,
+    SweepRun,
+)
 from tests.factories import AccountPolicyFactory, QueueFactory
 
 pytestmark = pytest.mark.django_db
@@ -40,8 +48,10 @@ def test_a_round_dispatches_a_fair_batch_and_one_worker_task():
     assert task["func"] == "queues.worker.run_batch"
     queue_id, batch = task["args"]
     assert queue_id == queue.pk
-    assert sorted(item_id for item_id, _ in batch) == sorted(result.item_ids)
-    assert {attempt for _, attempt in batch} == {1}
+    assert sorted(item_id for item_id, _, _ in batch) == sorted(result.item_ids)
+    assert {attempt for _, attempt, _ in batch} == {1}
+    tokens = dict(Item.objects.values_list("pk", "dispatch_token"))
+    assert all(token == tokens[item_id] != 0 for item_id, _, token in batch)
     record = SelectorRound.objects.get()
     assert (record.taken, record.accounts, record.allocation) == (10, 3, result.taken)
 
@@ -85,7 +95,8 @@ def test_a_due_retry_is_selected_again_with_the_next_attempt_number():
     lifecycle.finish(queue, [lifecycle.Outcome(item.pk, 1, error="boom", delay=0)], worker="w")
     result = selector.run_round(queue)
     assert result.item_ids == [item.pk]
-    assert dispatched_tasks()[-1]["args"][1] == [[item.pk, 2]]
+    item.refresh_from_db()
+    assert dispatched_tasks()[-1]["args"][1] == [[item.pk, 2, item.dispatch_token]]
 
 
 def test_a_paused_queue_selects_nothing():
@@ -246,3 +257,58 @@ def test_an_account_takes_the_slots_that_others_leave():
     put(queue, "big", 100)
     put(queue, "small", 1)
     assert selector.run_round(queue).taken == {"big": 9, "small": 1}
+
+
+def finish(queue, ids):
+    lifecycle.apply("start", ids, actor="t", expected_attempts=dict.fromkeys(ids, 1))
+    lifecycle.finish(queue, [lifecycle.Outcome(pk, 1) for pk in ids], worker="w")
+
+
+def test_under_a_backlog_a_round_waits_for_half_a_batch_of_free_capacity():
+    queue = QueueFactory(batch_size=10, concurrency=10)
+    put(queue, "acme", 30)
+    first = selector.run_round(queue)
+    assert first.total == 10
+    finish(queue, first.item_ids[:2])
+    assert selector.run_round(queue).skipped == "waiting for a fuller batch"
+    # A running batch with idle threads takes what is free at once.
+    assert selector.run_round(queue, for_cluster="host:1", limit=1).total == 1
+    finish(queue, first.item_ids[2:6])
+    assert selector.run_round(queue).total == 5
+
+
+def test_a_round_dispatches_what_is_ready_at_once_when_it_all_fits():
+    queue = QueueFactory(batch_size=10, concurrency=10)
+    put(queue, "acme", 10)
+    first = selector.run_round(queue)
+    finish(queue, first.item_ids[:2])
+    put(queue, "other", 1)
+    assert selector.run_round(queue).taken == {"other": 1}
+
+
+def test_a_round_for_a_running_batch_claims_its_items_and_enqueues_no_task():
+    queue = QueueFactory(batch_size=10)
+    put(queue, "acme", 3)
+    result = selector.run_round(queue, for_cluster="host:1", limit=2)
+    assert result.total == 2 and dispatched_tasks() == []
+    assert set(Item.objects.filter(pk__in=result.item_ids).values_list("cluster", flat=True)
+               ) == {"host:1"}
+    assert [entry[0] for entry in result.batch] == result.item_ids
+
+
+def test_the_selector_loop_rescues_the_items_of_a_silent_cluster_and_records_it():
+    queue = QueueFactory(batch_size=10)
+    [item] = put(queue, "acme", 1)
+    selector.run_round(queue)
+    item.refresh_from_db()
+    lifecycle.claim([[item.pk, 1, item.dispatch_token]], "gone-host:7")
+    ClusterHeartbeat.objects.create(cluster="gone-host:7", host="gone-host", pid=7,
+                                    started_at=timezone.now() - timedelta(hours=1),
+                                    beat_at=timezone.now() - timedelta(minutes=2))
+    selector.tick(seconds=0.3, idle_sleep=0.1)
+    item.refresh_from_db()
+    # Released, then dispatched again by the same loop: the attempt was given back first.
+    assert ItemEvent.objects.filter(item_id=item.pk, transition="released").exists()
+    assert item.attempts == 1 and item.cluster == ""
+    assert SweepRun.objects.get().counts == {
+        "dispatched items of silent clusters released": 1}

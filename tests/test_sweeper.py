@@ -9,9 +9,10 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from queues import counters, enqueue_many, lifecycle, selector, sweeper
+from queues import counters, enqueue_many, heartbeat, lifecycle, selector, sweeper
 from queues.models import (
     Attempt,
+    ClusterHeartbeat,
     DeadLetter,
     Item,
     ItemEvent,
@@ -160,3 +161,67 @@ def test_a_second_sweeper_does_nothing_while_one_runs():
         release.set()
         thread.join()
     assert sweeper.run() == {}
+
+
+# --- clusters that stopped beating ---------------------------------------------------------------
+
+def claimed_by(cluster, queue, prefix, *, start=False):
+    [pk] = dispatched(queue, 1, prefix=prefix)
+    item = Item.objects.get(pk=pk)
+    lifecycle.claim([[pk, item.attempts, item.dispatch_token]], cluster)
+    if start:
+        lifecycle.apply("start", [pk], actor="worker", expected_attempts={pk: 1},
+                        guard=lifecycle.claimed_by(cluster))
+    return pk
+
+
+def beating(cluster, seconds_ago):
+    host, pid = cluster.rsplit(":", 1)
+    ClusterHeartbeat.objects.create(cluster=cluster, host=host, pid=int(pid),
+                                    started_at=timezone.now() - timedelta(hours=1),
+                                    beat_at=timezone.now() - timedelta(seconds=seconds_ago))
+
+
+def test_items_of_a_silent_cluster_are_rescued_dispatched_released_running_lost():
+    queue = QueueFactory()
+    beating("dead-host:11", seconds_ago=60)
+    beating("live-host:12", seconds_ago=5)
+    waiting = claimed_by("dead-host:11", queue, "waiting")
+    running = claimed_by("dead-host:11", queue, "running", start=True)
+    healthy = claimed_by("live-host:12", queue, "healthy", start=True)
+
+    changed = sweeper.rescue_silent_clusters()
+
+    assert changed == {"dispatched items of silent clusters released": 1,
+                       "running items of silent clusters lost, retried": 1}
+    items = Item.objects.in_bulk([waiting, running, healthy])
+    assert (items[waiting].status, items[waiting].attempts, items[waiting].cluster) == (
+        Status.QUEUED, 0, "")
+    assert items[running].status == Status.RETRY
+    assert items[running].last_error == "worker lost: cluster dead-host:11 stopped beating"
+    assert items[healthy].status == Status.RUNNING
+    # A frozen cluster that wakes up can record nothing.
+    late = lifecycle.finish(queue, [lifecycle.Outcome(running, 1)], worker="zombie")
+    assert late["complete"].changed == []
+    assert_counters_true(queue)
+
+
+def test_a_cluster_within_its_beats_keeps_its_items():
+    queue = QueueFactory()
+    beating("slow-host:13", seconds_ago=30)
+    pk = claimed_by("slow-host:13", queue, "item", start=True)
+    assert sweeper.rescue_silent_clusters() == {}
+    assert Item.objects.get(pk=pk).status == Status.RUNNING
+
+
+@pytest.mark.postgres
+def test_nobody_is_declared_silent_right_after_the_database_restarted():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_postmaster_start_time()")
+        restarted = cursor.fetchone()[0]
+    # The cluster's last beat came before the restart: it had no chance to beat since.
+    ClusterHeartbeat.objects.create(cluster="host:14", host="host", pid=14,
+                                    started_at=restarted - timedelta(hours=1),
+                                    beat_at=restarted - timedelta(seconds=60))
+    assert heartbeat.silent_clusters(restarted + timedelta(seconds=30)) == []
+    assert heartbeat.silent_clusters(restarted + timedelta(seconds=60)) == ["host:14"]

@@ -41,6 +41,90 @@ def test_dead_letter_estimate_adds_the_remaining_backoff(queue):
     assert dead_letter_estimate(queue, 3, start) == start
 
 
+# The queue's backoff if every attempt fails: 60 s after attempt 1, 600 s after attempts 2 and
+# 3 (the last delay repeats), and attempt 4, the last, goes to the dead letters.
+ALL_RETRIES = timedelta(seconds=60 + 600 + 600)
+
+
+def forecast(item, now):
+    from queues.dashboard import item_detail
+
+    return item_detail(Item.objects.get(pk=item.pk), now).dead_letter_at
+
+
+def start_next_attempt(item):
+    """Dispatches and starts the item's next attempt through the lifecycle."""
+    attempt = item.attempts + 1
+    lifecycle.apply("dispatch", [item.pk], actor="selector")
+    lifecycle.apply("start", [item.pk], actor="worker", expected_attempts={item.pk: attempt})
+    item.refresh_from_db()
+    assert (item.status, item.attempts) == ("running", attempt)
+
+
+def fail_attempt(queue, item, *, delay=None):
+    """Fails the running attempt with a temporary error, as the worker records a handler's
+    RetryableError(delay=delay)."""
+    lifecycle.finish(queue, [lifecycle.Outcome(item_id=item.pk, attempt=item.attempts,
+                                               error="timeout", delay=delay)], worker="worker-1")
+    item.refresh_from_db()
+    assert item.status == "retry"
+
+
+@pytest.mark.parametrize("status", ["queued", "dispatched", "running"])
+def test_dead_letter_forecast_before_a_first_failure_is_the_whole_backoff(queue, status):
+    item = item_in_status(queue, status)
+    now = timezone.now()
+    assert forecast(item, now) == now + ALL_RETRIES
+
+
+def test_dead_letter_forecast_of_a_delayed_item_starts_at_its_run_at(queue):
+    item = enqueue("emails", account="a", identifier="later",
+                   run_at=timezone.now() + timedelta(days=1))
+    assert forecast(item, timezone.now()) == item.run_at + ALL_RETRIES
+
+
+def test_dead_letter_forecast_starts_at_the_delay_the_handler_asked_for(queue):
+    # RetryableError(delay=7200) in attempt 1: attempt 2 runs in two hours, not in 60 s, and
+    # only the retries after it follow the backoff.
+    item = item_in_status(queue, "running")
+    fail_attempt(queue, item, delay=7200)
+    assert item.run_at > timezone.now() + timedelta(seconds=7100)
+    assert forecast(item, timezone.now()) == item.run_at + timedelta(seconds=600 + 600)
+
+
+def test_dead_letter_forecast_of_a_due_retry_starts_now(queue):
+    item = item_in_status(queue, "retry")
+    now = item.run_at + timedelta(hours=1)
+    assert forecast(item, now) == now + timedelta(seconds=600 + 600)
+
+
+def test_dead_letter_forecast_of_a_later_attempt_under_way(queue):
+    item = item_in_status(queue, "retry")
+    start_next_attempt(item)
+    fail_attempt(queue, item)
+    start_next_attempt(item)
+    now = timezone.now()
+    assert forecast(item, now) == now + timedelta(seconds=600)  # attempt 3 of 4
+    fail_attempt(queue, item)
+    start_next_attempt(item)
+    assert forecast(item, now) == now  # the last attempt: its failure is the dead letter
+
+
+@pytest.mark.parametrize("status", ["complete", "failed", "cancelled"])
+def test_finished_items_have_no_dead_letter_forecast(role_client, queue, status):
+    item = item_in_status(queue, status)
+    assert forecast(item, timezone.now()) is None
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert "Dead letter if every attempt fails" not in html
+
+
+def test_a_running_item_shows_its_dead_letter_forecast_but_no_next_run(role_client, queue):
+    item = item_in_status(queue, "running")
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert "Dead letter if every attempt fails" in html
+    assert "Next run (estimated)" not in html
+
+
 def test_failed_item_shows_its_dead_letter_reason(role_client, queue):
     item = item_in_status(queue, "failed")
     html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()

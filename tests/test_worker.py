@@ -1,15 +1,18 @@
 """queues.worker.run_batch: fenced start, concurrent handlers, set-based outcomes."""
 
+import multiprocessing
 import threading
 import time
+from collections import Counter
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
-from queues import enqueue_many, handlers, selector
+from queues import enqueue_many, handlers, heartbeat, lifecycle, processes, selector
 from queues.handlers import PermanentError, RetryableError
-from queues.models import Attempt, DeadLetter, Item, Status
+from queues.models import Attempt, DeadLetter, Item, ItemEvent, Status
 from queues.worker import run_batch
 from tests.factories import QueueFactory
 
@@ -42,10 +45,16 @@ def clear_behaviour():
     behaviour.clear()
 
 
-def dispatched_batch(queue, identifiers):
+def dispatched_batch(queue, identifiers, *, concurrency=None):
+    """The batch a selector round hands its worker task; `concurrency` then applies to running
+    it (a round never dispatches more than the queue's concurrency)."""
     enqueue_many(queue.key, [{"account": "acme", "identifier": i} for i in identifiers])
     result = selector.run_round(queue)
-    return [[pk, 1] for pk in result.item_ids]
+    if concurrency is not None:
+        queue.concurrency = concurrency
+        queue.save()
+    tokens = dict(Item.objects.values_list("pk", "dispatch_token"))
+    return [[pk, 1, tokens[pk]] for pk in result.item_ids]
 
 
 def test_it_completes_items_and_records_their_attempts():
@@ -88,7 +97,7 @@ def test_an_unknown_handler_fails_items_permanently_with_the_reason():
     batch = dispatched_batch(queue, ["a"])
     assert run_batch(queue.pk, batch) == {"fail": 1}
     letter = DeadLetter.objects.get()
-    assert letter.last_error == "unknown handler 'no-such-handler'"
+    assert letter.last_error == "PermanentError: unknown handler 'no-such-handler'"
 
 
 def test_handlers_of_a_batch_run_concurrently():
@@ -98,3 +107,225 @@ def test_handlers_of_a_batch_run_concurrently():
     run_batch(queue.pk, dispatched_batch(queue, names))
     assert behaviour["peak"] > 1
     assert Item.objects.filter(status=Status.COMPLETE).count() == 8
+
+
+# --- real work: each outcome durable at once, items running only while their handler runs ------
+
+release_gate = threading.Event()
+seen: dict[str, object] = {}
+
+
+@handlers.handler("test-gated")
+def gated(task):
+    """"gate" items wait for the test to open the gate; "count" items note how many items of the
+    queue are running while they run; others return at once."""
+    if task.identifier.startswith("gate"):
+        release_gate.wait(10)
+    elif task.identifier.startswith("count"):
+        seen[task.identifier] = Item.objects.filter(status=Status.RUNNING).count()
+    elif task.identifier.startswith("nap"):
+        time.sleep(0.3)
+
+
+@pytest.fixture
+def gate():
+    release_gate.clear()
+    seen.clear()
+    yield release_gate
+    release_gate.set()
+
+
+def run_in_thread(queue, batch):
+    outcome = {}
+
+    def run():
+        try:
+            outcome.update(run_batch(queue.pk, batch))
+        finally:
+            connection.close()  # the test database is dropped at the end
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def status_of(identifier):
+    return Item.objects.get(identifier=identifier).status
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_finished_handler_is_durable_while_the_rest_of_its_batch_still_runs(gate):
+    queue = QueueFactory(handler="test-gated")
+    thread, outcome = run_in_thread(queue, dispatched_batch(queue, ["gate-1", "quick-1"]))
+    try:
+        assert processes.wait_for(lambda: status_of("quick-1") == Status.COMPLETE, 5)
+        assert status_of("gate-1") == Status.RUNNING
+        assert Attempt.objects.filter(item__identifier="quick-1", outcome="complete").exists()
+    finally:
+        gate.set()
+        thread.join(10)
+    assert outcome == {"complete": 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_item_is_running_only_while_its_handler_runs(gate):
+    queue = QueueFactory(handler="test-gated")
+    batch = dispatched_batch(queue, ["count-1", "count-2", "count-3"], concurrency=1)
+    assert run_batch(queue.pk, batch) == {"complete": 3}
+    assert seen == {"count-1": 1, "count-2": 1, "count-3": 1}
+
+
+def test_each_attempt_records_its_own_times_and_thread():
+    queue = QueueFactory(handler="test-gated")
+    run_batch(queue.pk, dispatched_batch(queue, ["nap-1", "quick-1", "quick-2"]))
+    attempts = {a.item.identifier: a for a in Attempt.objects.select_related("item")}
+    assert attempts["nap-1"].duration >= timedelta(milliseconds=300)
+    assert attempts["quick-1"].duration < timedelta(milliseconds=200)
+    # host:pid:thread of the handler thread, not of the batch's own.
+    assert all(a.worker.rsplit(":", 1)[1].startswith("item-") for a in attempts.values())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_past_the_handler_timeout_is_recorded_as_timed_out_and_its_late_result_refused(
+        gate):
+    queue = QueueFactory(handler="test-gated", handler_timeout=timedelta(seconds=1))
+    began = time.monotonic()
+    assert run_batch(queue.pk, dispatched_batch(queue, ["gate-1", "quick-1"])) == {
+        "complete": 1, "retry": 1}
+    assert time.monotonic() - began < 5
+    item = Item.objects.get(identifier="gate-1")
+    assert item.status == Status.RETRY
+    assert item.last_error.startswith("HandlerTimeout: still running after 1 s")
+    gate.set()  # the abandoned handler returns now: nothing may record it
+    time.sleep(0.3)
+    item.refresh_from_db()
+    assert (item.status, item.attempt_set.count()) == (Status.RETRY, 1)
+    late = lifecycle.finish(queue, [lifecycle.Outcome(item.pk, 1)], worker="late")
+    assert late["complete"].changed == []
+
+
+def test_items_not_started_when_the_batch_runs_out_of_time_are_released_without_an_attempt(
+        settings):
+    # The last start must leave a whole handler timeout before the task timeout: here 1 s, and
+    # six naps of 0.3 s one after another cannot all start in it.
+    timeout = settings.Q_CLUSTER["timeout"]
+    queue = QueueFactory(handler="test-gated", handler_timeout=timedelta(seconds=timeout - 16))
+    batch = dispatched_batch(queue, [f"nap-{i}" for i in range(6)], concurrency=1)
+    summary = run_batch(queue.pk, batch)
+    assert summary["complete"] >= 1 and summary["released"] >= 1
+    assert summary["complete"] + summary["released"] == 6
+    released = Item.objects.filter(status=Status.QUEUED)
+    assert released.count() == summary["released"]
+    for item in released:
+        assert item.attempts == 0 and not item.attempt_set.exists()
+        event = item.events.order_by("-id").first()
+        assert (event.transition, event.reason) == (
+            "released", "its batch ran out of time before starting it")
+
+
+def test_a_stopping_cluster_releases_what_it_has_not_started(monkeypatch):
+    queue = QueueFactory(handler="test-gated")
+    batch = dispatched_batch(queue, ["stop-1", "quick-1", "quick-2"], concurrency=1)
+
+    @handlers.handler("test-stopper")
+    def stopper(task):
+        monkeypatch.setattr(heartbeat, "_stopping", multiprocessing.Value("d", time.time()))
+
+    queue.handler = "test-stopper"
+    queue.save()
+    assert run_batch(queue.pk, batch) == {"complete": 1, "released": 2}
+    assert Counter(Item.objects.values_list("status", flat=True)) == {
+        Status.COMPLETE: 1, Status.QUEUED: 2}
+    assert set(ItemEvent.objects.filter(transition="released").values_list("reason", flat=True)
+               ) == {"shutdown"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_the_shutdown_grace_running_handlers_go_to_retry_with_the_reason_shutdown(
+        gate, monkeypatch, settings):
+    settings.QUEUEADMIN = {**settings.QUEUEADMIN, "SHUTDOWN_GRACE_SECONDS": 1}
+    queue = QueueFactory(handler="test-gated")
+    batch = dispatched_batch(queue, ["gate-1"])
+    thread, outcome = run_in_thread(queue, batch)
+    assert processes.wait_for(lambda: status_of("gate-1") == Status.RUNNING, 5)
+    monkeypatch.setattr(heartbeat, "_stopping", multiprocessing.Value("d", time.time()))
+    thread.join(5)
+    assert outcome == {"retry": 1}
+    item = Item.objects.get()
+    assert (item.status, item.last_error, item.attempts) == (Status.RETRY, "shutdown", 1)
+    assert item.run_at <= timezone.now()
+
+
+def test_a_stale_delivery_after_a_release_and_a_new_dispatch_does_nothing():
+    queue = QueueFactory(handler="test-behaviour")
+    first = dispatched_batch(queue, ["a"])
+    [[pk, attempt, _]] = first
+    lifecycle.apply("release", [pk], actor="test", reason="test")
+    second = selector.run_round(queue)
+    assert second.item_ids == [pk]
+    assert run_batch(queue.pk, first) == {"stale": 1}
+    item = Item.objects.get()
+    assert (item.status, item.attempts) == (Status.DISPATCHED, 1)
+    assert run_batch(queue.pk, [[pk, 1, item.dispatch_token]]) == {"complete": 1}
+    assert Attempt.objects.get().number == 1
+
+
+def test_a_batch_claims_its_items_for_its_cluster_and_a_second_delivery_gets_none(monkeypatch):
+    queue = QueueFactory(handler="test-behaviour")
+    batch = dispatched_batch(queue, ["a", "b"])
+    claimed = lifecycle.claim(batch, "host:1")
+    assert set(claimed) == {pk for pk, _, _ in batch}
+    assert set(Item.objects.values_list("cluster", flat=True)) == {"host:1"}
+    assert run_batch(queue.pk, batch) == {"stale": 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_with_idle_threads_takes_more_of_its_queue_while_a_slow_item_runs(gate):
+    queue = QueueFactory(handler="test-gated", batch_size=2)
+    batch = dispatched_batch(queue, ["gate-1", "quick-0"])
+    enqueue_many(queue.key, [{"account": "acme", "identifier": f"quick-{i}"} for i in (1, 2, 3)])
+    thread, outcome = run_in_thread(queue, batch)
+    try:
+        assert processes.wait_for(lambda: Item.objects.filter(
+            identifier__startswith="quick-", status=Status.COMPLETE).count() == 4, 10)
+        assert status_of("gate-1") == Status.RUNNING
+    finally:
+        gate.set()
+        thread.join(10)
+    assert outcome == {"complete": 5, "taken while running": 3}
+    assert {a.worker.split(":")[0] for a in Attempt.objects.all()} == {heartbeat.this_cluster(
+        ).split(":")[0]}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_leaves_its_worker_to_another_queue_whose_batch_waits(gate):
+    queue, other = QueueFactory(handler="test-gated", batch_size=2), QueueFactory()
+    batch = dispatched_batch(queue, ["gate-1", "quick-0"])
+    enqueue_many(queue.key, [{"account": "acme", "identifier": "quick-1"}])
+    enqueue_many(other.key, [{"account": "acme", "identifier": "waiting"}])
+    selector.run_round(other)  # dispatched, not claimed by any worker yet
+    thread, outcome = run_in_thread(queue, batch)
+    try:
+        assert processes.wait_for(lambda: status_of("quick-0") == Status.COMPLETE, 5)
+        time.sleep(0.5)
+        assert status_of("quick-1") == Status.QUEUED
+    finally:
+        gate.set()
+        thread.join(10)
+    assert outcome == {"complete": 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_with_idle_threads_takes_over_items_whose_batch_waits_for_a_worker(gate):
+    queue = QueueFactory(handler="test-gated", batch_size=2)
+    batch = dispatched_batch(queue, ["gate-1", "quick-0"])
+    enqueue_many(queue.key, [{"account": "acme", "identifier": "quick-1"}])
+    waiting = selector.run_round(queue).batch  # its task waits: every worker is busy
+    thread, outcome = run_in_thread(queue, batch)
+    try:
+        assert processes.wait_for(lambda: status_of("quick-1") == Status.COMPLETE, 5)
+    finally:
+        gate.set()
+        thread.join(10)
+    assert outcome == {"complete": 3, "taken while running": 1}
+    assert run_batch(queue.pk, waiting) == {"stale": 1}  # when a worker finally runs it

@@ -1,12 +1,12 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from queues import bench
+from queues import bench, bench_workload
 
 
 class Command(BaseCommand):
-    help = ("Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, throughput, api, "
-            "pages.")
+    help = ("Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, planner, "
+            "throughput, workload, bulk, api, stream, pages.")
 
     def add_arguments(self, parser):
         scenarios = parser.add_subparsers(dest="scenario", required=True)
@@ -24,6 +24,12 @@ class Command(BaseCommand):
                             help="repeat to pick several (default: all)")
         select.add_argument("--rounds", type=int, default=200)
         select.add_argument("--fairness-rounds", type=int, default=500)
+        planner = scenarios.add_parser(
+            "planner", help="plan_batch alone on 10k and 100k backlogged accounts (p50/p95).")
+        planner.add_argument("--accounts", type=int, action="append",
+                             help="repeat to pick several (default: 10000 and 100000)")
+        planner.add_argument("--batch", type=int, default=60)
+        planner.add_argument("--runs", type=int, default=50, help="timed plans per case")
         throughput = scenarios.add_parser(
             "throughput", help="Items/s end to end with real worker clusters (noop handler).")
         throughput.add_argument("--items", type=int, default=50_000)
@@ -31,6 +37,16 @@ class Command(BaseCommand):
         throughput.add_argument("--clusters", type=int, default=2)
         throughput.add_argument("--bare-items", type=int, default=2000)
         throughput.add_argument("--timeout", type=float, default=600)
+        workload = scenarios.add_parser(
+            "workload", help="Realistic work at default settings: latency, throughput, kill -9, "
+                             "against bare django-q2.")
+        workload.add_argument("--items", type=int, default=5000)
+        workload.add_argument("--clusters", type=int, default=2)
+        workload.add_argument("--accounts", type=int, default=50)
+        workload.add_argument("--trickle-seconds", type=float, default=150,
+                              help="how long an idle queue is fed one item every 0.25 s")
+        workload.add_argument("--drain-timeout", type=float, default=480,
+                              help="seconds the kill drill may take to end every item")
         bulk = scenarios.add_parser(
             "bulk", help="Bulk retry and cancel of 100k items while the selector runs.")
         bulk.add_argument("--items", type=int, default=100_000)
@@ -61,6 +77,12 @@ class Command(BaseCommand):
                 datasets=options["dataset"] or list(bench.SELECTOR_DATASETS),
                 rounds=options["rounds"], fairness_rounds=options["fairness_rounds"],
                 log=self.stdout.write)
+        elif scenario == "planner":
+            accounts = options["accounts"] or list(bench.PLANNER_ACCOUNTS)
+            if min(accounts) < 1 or options["batch"] < 1 or options["runs"] < 1:
+                raise CommandError("--accounts, --batch and --runs must be at least 1")
+            report = bench.run_planner(accounts=accounts, batch_size=options["batch"],
+                                       runs=options["runs"])
         elif scenario == "stream":
             if options["events"] < 4 or options["clients"] < 1 or options["rate"] <= 0:
                 raise CommandError("--events must be at least 4, --clients at least 1, "
@@ -89,6 +111,14 @@ class Command(BaseCommand):
                 items=options["items"], accounts=options["accounts"],
                 clusters=options["clusters"], bare_items=options["bare_items"],
                 timeout=options["timeout"], log=self.stdout.write)
+        elif scenario == "workload":
+            if options["clusters"] < 2 or options["accounts"] < 1:
+                raise CommandError("--clusters must be at least 2 (one is killed), --accounts "
+                                   "at least 1")
+            report = bench_workload.run_workload(
+                items=options["items"], clusters=options["clusters"],
+                accounts=options["accounts"], trickle_seconds=options["trickle_seconds"],
+                drain_timeout=options["drain_timeout"], log=self.stdout.write)
         elif scenario == "seed":
             report = bench.run_seed(items=options["items"], accounts=options["accounts"],
                                     queues=options["queues"], log=self.stdout.write)
