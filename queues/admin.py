@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 
-from queues import audit
+from queues.engine import audit
 from queues.models import AccountPolicy, DeadLetter, Item, Queue
 
 
@@ -66,7 +66,7 @@ class AccountPolicyAdmin(AuditedAdmin):
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """Status changes go through queues.lifecycle, never through a form."""
+    """Status changes go through queues.engine.lifecycle, never through a form."""
 
     def has_add_permission(self, request):
         return False

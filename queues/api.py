@@ -5,14 +5,15 @@ import functools
 import json
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import HttpResponse
 from django.urls import path, re_path
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from queues import bulk, counters, lifecycle, openapi_document, pausing, strictjson, tokens
+from queues import openapi_document, strictjson
+from queues.conf import setting
+from queues.engine import bulk, counters, lifecycle, pausing, tokens
 from queues.models import (
     LIVE_STATUSES,
     MAX_ACCOUNT_LENGTH,
@@ -108,7 +109,7 @@ def _queue_for(token, key: str) -> Queue:
 def _read_json(request):
     if request.content_type != "application/json":
         raise ApiError(415, "unsupported_media_type", "send Content-Type: application/json")
-    limit = settings.QUEUEADMIN["API_MAX_BODY_BYTES"]
+    limit = setting("API_MAX_BODY_BYTES")
     too_large = ApiError(413, "too_large", f"the body is over {limit} bytes")
     try:
         if int(request.META.get("CONTENT_LENGTH") or 0) > limit:
@@ -148,7 +149,7 @@ def _parse_run_at(value, now: datetime) -> datetime | None:
     if value is None:
         return None
     parsed = _iso_datetime(value)
-    horizon = settings.QUEUEADMIN["API_MAX_DELAY_DAYS"]
+    horizon = setting("API_MAX_DELAY_DAYS")
     if parsed - now > timedelta(days=horizon):
         raise ValueError(f"is more than {horizon} days ahead")
     return parsed
@@ -171,7 +172,7 @@ def _parse_item(document, prefix: str, now: datetime) -> dict:
         item["run_at"] = _parse_run_at(document.get("run_at"), now)
     except ValueError as exc:
         fields[prefix + "run_at"] = str(exc)
-    limit = settings.QUEUEADMIN["API_MAX_PAYLOAD_BYTES"]
+    limit = setting("API_MAX_PAYLOAD_BYTES")
     size = len(json.dumps(document.get("payload"), ensure_ascii=False).encode())
     if size > limit:
         fields[prefix + "payload"] = f"is {size} bytes; at most {limit}"

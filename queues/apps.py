@@ -12,9 +12,10 @@ class QueuesConfig(AppConfig):
     verbose_name = "Queues"
 
     def ready(self):
-        from queues import checks, heartbeat, middleware  # noqa: F401  (checks, login signal)
+        from queues import checks, middleware  # noqa: F401  checks, login signal
+        from queues.engine import heartbeat, webhook  # noqa: F401  webhook registers its handler
+        from queues.engine.schedules import ensure_schedules
         from queues.permissions import grant_admin_permissions
-        from queues.schedules import ensure_schedules
 
         # Every installed app may register handlers in its handlers.py.
         autodiscover_modules("handlers")

@@ -1,6 +1,6 @@
 """The audit log: read-only for every role, newest first, filtered by a form (actor, action,
 queue, time range) and exported as CSV with the same filter. Entries are written only by
-queues.audit.record; nothing here or in Django's admin site edits them."""
+queues.engine.audit.record; nothing here or in Django's admin site edits them."""
 
 import csv
 

@@ -20,7 +20,8 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
-from queues import counters, fairness, lifecycle, processes, seeding, selector
+from queues import processes, seeding
+from queues.engine import counters, fairness, lifecycle, selector
 from queues.models import READY_STATUSES, Item, Queue
 
 RESULTS_DIR = settings.BASE_DIR / "var" / "bench"
@@ -386,7 +387,7 @@ def run_api(*, batched_items: int, single_items: int, clients: int, server_worke
 
     import requests
 
-    from queues import tokens
+    from queues.engine import tokens
 
     report = Report("api", {"batched_items": batched_items, "single_items": single_items,
                             "clients": clients, "server_workers": server_workers})
@@ -522,7 +523,7 @@ def _bulk_backlog(queue: Queue, status: str, items: int, days: int):
 def run_bulk_steps(operation_id: int, out_path: str):
     """In a child process, as a django-q2 worker would run them: every step of a bulk
     operation, one after another; writes each step's milliseconds to `out_path` as JSON."""
-    from queues import bulk
+    from queues.engine import bulk
 
     steps = []
     while True:
@@ -542,7 +543,7 @@ def run_bulk(*, items: int, selector_rounds: int, log=print) -> Report:
     """Bulk retry of `items` failed items in a 7-day range, then bulk cancel of `items` queued
     items, each run step by step in a child process; while they run, selector rounds on the
     1M-item selector data set are timed here and compared with its idle rounds."""
-    from queues import bulk
+    from queues.engine import bulk
 
     if connection.vendor != "postgresql":
         raise RuntimeError("bench bulk needs PostgreSQL")

@@ -32,8 +32,9 @@ from pathlib import Path
 from django.db.models import Min
 from django.utils import timezone
 
-from queues import handlers, lifecycle, processes
+from queues import processes
 from queues.bench import Report, bench_queue, percentile
+from queues.engine import handlers, lifecycle
 from queues.models import Attempt, Item, ItemEvent, Queue, Status
 
 TERMINAL = (Status.COMPLETE, Status.FAILED, Status.CANCELLED)

@@ -1,5 +1,5 @@
 """Bulk retry and cancel pages: the form and its preview, confirmation, and each operation's
-progress. The work itself is queues.bulk; these views parse, check roles and render."""
+progress. The work itself is queues.engine.bulk; these views parse, check roles and render."""
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseBadRequest
@@ -9,7 +9,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
 
-from queues import bulk
+from queues.engine import bulk
 from queues.forms import BulkConfirmForm, BulkForm
 from queues.models import BulkOperation, Queue
 from queues.permissions import (

@@ -3,9 +3,7 @@
 from django.conf import settings
 from django.core import checks
 
-STALE_MARGIN_SECONDS = 60
-MIN_TASK_TIMEOUT_SECONDS = 120
-MIN_START_WINDOW_SECONDS = 30
+from queues.conf import MIN_TASK_TIMEOUT_SECONDS, handler_timeout_error, stale_threshold_error
 
 
 @checks.register()
@@ -39,28 +37,6 @@ def the_selector_loop_fits_in_the_task_timeout(app_configs, **kwargs):
             f"selector loop runs until the next minute's tick takes over from it.",
             id="queues.E004")]
     return []
-
-
-def handler_timeout_error(handler_seconds: float) -> str | None:
-    """Why a handler timeout is unsafe, or None: a batch must be able to start an item and let
-    it run for its whole handler timeout before django-q2 kills the batch's task."""
-    maximum = settings.Q_CLUSTER.get("timeout", 0) - MIN_START_WINDOW_SECONDS
-    if handler_seconds <= 0:
-        return "must be positive"
-    if handler_seconds > maximum:
-        return (f"must be at most the worker task timeout less {MIN_START_WINDOW_SECONDS} s "
-                f"({maximum} s)")
-    return None
-
-
-def stale_threshold_error(stale_seconds: float) -> str | None:
-    """Why a stale threshold is unsafe, or None: a healthy attempt may run for the whole task
-    timeout, and rescuing it earlier would run it twice."""
-    minimum = settings.Q_CLUSTER.get("timeout", 0) + STALE_MARGIN_SECONDS
-    if stale_seconds <= minimum:
-        return (f"must be more than the worker task timeout plus {STALE_MARGIN_SECONDS} s "
-                f"({minimum} s)")
-    return None
 
 
 @checks.register(checks.Tags.database)

@@ -1,6 +1,6 @@
 """What the dashboard pages show, read with a fixed number of short, indexed queries per page.
 
-Nothing here counts millions of rows: status counts come from queues.counters, item lists walk
+Nothing here counts millions of rows: status counts come from queues.engine.counters, item lists walk
 an index by keyset, filtered totals stop counting at 10,001, and per-account figures are read
 only for the accounts on the page.
 """
@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection
-from django.db.models import Count, Min, OuterRef, Q, Subquery
+from django.db.models import Count, Min, Q
 
-from queues import counters
-from queues.lifecycle import retry_delay
+from queues.engine import counters
+from queues.engine.lifecycle import retry_delay
 from queues.models import (
     IN_FLIGHT_STATUSES,
     READY_STATUSES,
@@ -73,7 +73,7 @@ def queue_summaries(queues: list[Queue], now: datetime) -> list[QueueSummary]:
         return []
     counts = counters.status_counts(ids)
     completed, failed = _outcomes_per_minute(ids, now)
-    oldest = oldest_waiting(ids, now)
+    oldest = counters.oldest_waiting(ids, now)
     timings = _timings(ids, now)
     summaries = []
     for queue in queues:
@@ -84,15 +84,6 @@ def queue_summaries(queues: list[Queue], now: datetime) -> list[QueueSummary]:
         summary.alerts = _alerts(summary)
         summaries.append(summary)
     return summaries
-
-
-def oldest_waiting(ids: list[int], now: datetime) -> dict[int, datetime | None]:
-    """Enqueue time of each queue's oldest due queued item: the head of the (queue, status,
-    created_at) index, one correlated subquery per queue."""
-    return dict(Queue.objects.filter(pk__in=ids).annotate(oldest=Subquery(
-        Item.objects.filter(queue=OuterRef("pk"), status=Status.QUEUED, run_at__lte=now)
-        .order_by("created_at").values("created_at")[:1]
-    )).values_list("pk", "oldest"))
 
 
 def _outcomes_per_minute(ids: list[int], now: datetime):

@@ -18,17 +18,17 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
-from queues import heartbeat
+from queues.engine import heartbeat
+from queues.engine.schedules import SCHEDULES
 from queues.models import ClusterHeartbeat, SelectorState, SweepRun
 from queues.permissions import viewer_required
-from queues.schedules import SCHEDULES
 
 # The sweeper runs every 5 minutes (a run may take 4): three missed runs is a problem.
 SWEEPER_LATE_AFTER = timedelta(minutes=15)
 # The selector's schedule runs every minute; its next run this far in the past means no
 # cluster's scheduler is picking it up.
 SELECTOR_OVERDUE_AFTER = timedelta(minutes=3)
-SELECTOR_SCHEDULE = next(s["name"] for s in SCHEDULES if s["func"] == "queues.selector.tick")
+SELECTOR_SCHEDULE = next(s["name"] for s in SCHEDULES if s["func"] == "queues.engine.selector.tick")
 PROBE_PATHS = ("/healthz", "/metrics")
 
 

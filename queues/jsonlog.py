@@ -1,8 +1,9 @@
 """One JSON object per log line (QUEUEADMIN_LOG_FORMAT=json, the production default), so that
 a log pipeline can filter by field instead of parsing messages.
 
-Lines about an item pass `extra=item_fields(...)`: queue, item and account then appear as
-fields of that line. Any other `extra` given to a log call is kept as a field too.
+Lines about an item pass `extra=queues.engine.logfields.item_fields(...)`: queue, item and
+account then appear as fields of that line. Any other `extra` given to a log call is kept as a
+field too.
 """
 
 import json
@@ -12,10 +13,6 @@ from datetime import UTC, datetime
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 STANDARD_ATTRIBUTES = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message", "asctime", "taskName"}
-
-
-def item_fields(queue: str, item: int, account: str, **more) -> dict:
-    return {"queue": queue, "item": item, "account": account, **more}
 
 
 class JsonFormatter(logging.Formatter):

@@ -13,7 +13,6 @@ import statistics
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import DatabaseError
 from django.db.models import Count
 from django.http import HttpResponse
@@ -21,7 +20,8 @@ from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from queues import counters, dashboard, heartbeat
+from queues.conf import setting
+from queues.engine import counters, heartbeat
 from queues.models import (
     BulkOperation,
     ClusterHeartbeat,
@@ -55,8 +55,8 @@ def metrics(request):
 
 def _refusal(request) -> HttpResponse | None:
     """None when the request carries the metrics token or comes from an allowed network."""
-    token = settings.QUEUEADMIN["METRICS_TOKEN"]
-    networks = settings.QUEUEADMIN["METRICS_ALLOWED_NETWORKS"]
+    token = setting("METRICS_TOKEN")
+    networks = [ipaddress.ip_network(n) for n in setting("METRICS_ALLOWED_NETWORKS")]
     if token:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
@@ -104,7 +104,7 @@ class QueueAdminCollector:
             "queueadmin_oldest_ready_age_seconds",
             "Age of the oldest queued item that is due, by enqueue time (0 when none).",
             labels=["queue"])
-        for queue_id, created in dashboard.oldest_waiting(list(keys), now).items():
+        for queue_id, created in counters.oldest_waiting(list(keys), now).items():
             oldest.add_metric([keys[queue_id]],
                               0.0 if created is None else (now - created).total_seconds())
         return [items, dead, oldest]

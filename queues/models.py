@@ -7,6 +7,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models import Q
 
+from queues.conf import handler_timeout_error, setting, stale_threshold_error
+
 
 class Status(models.TextChoices):
     QUEUED = "queued", "Queued"
@@ -43,11 +45,11 @@ def default_sensitive_keys():
 
 
 def default_stale_threshold():
-    return timedelta(seconds=settings.QUEUEADMIN["STALE_THRESHOLD_SECONDS"])
+    return timedelta(seconds=setting("STALE_THRESHOLD_SECONDS"))
 
 
 def default_handler_timeout():
-    return timedelta(seconds=settings.QUEUEADMIN["HANDLER_TIMEOUT_SECONDS"])
+    return timedelta(seconds=setting("HANDLER_TIMEOUT_SECONDS"))
 
 
 def validate_backoff(value):
@@ -111,8 +113,6 @@ class Queue(models.Model):
 
     def clean(self):
         from django.core.exceptions import ValidationError
-
-        from queues.checks import handler_timeout_error, stale_threshold_error
 
         errors = {}
         if self.stale_threshold and (error := stale_threshold_error(
@@ -457,7 +457,7 @@ class ApiToken(models.Model):
 
 class AuditEntry(models.Model):
     """One mutation by a person or a token: who, when, what, on which target and filter, and
-    how many rows it changed. Append-only; written by queues.audit.record."""
+    how many rows it changed. Append-only; written by queues.engine.audit.record."""
 
     id = models.BigAutoField(primary_key=True)
     at = models.DateTimeField(db_index=True)
@@ -495,7 +495,7 @@ class UserPreference(models.Model):
 
 class BulkOperation(models.Model):
     """A bulk retry or cancel over a frozen filter, run as resumable steps of at most 500 items
-    (queues.bulk). The record is the operation's progress, result and audit trail."""
+    (queues.engine.bulk). The record is the operation's progress, result and audit trail."""
 
     class Kind(models.TextChoices):
         RETRY = "retry", "Retry"

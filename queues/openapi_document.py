@@ -4,9 +4,9 @@ tests/test_api_openapi.py keeps it true: every route is described, and every res
 receive validates against the schema described for its status.
 """
 
-from django.conf import settings
 
-from queues.lifecycle import BATCH_LIMIT, PRIORITY_RANGE
+from queues.conf import DEFAULTS, setting
+from queues.engine.lifecycle import BATCH_LIMIT, PRIORITY_RANGE
 from queues.models import MAX_ACCOUNT_LENGTH, MAX_IDENTIFIER_LENGTH, Status
 
 DATE_TIME = {"type": "string", "format": "date-time"}
@@ -54,7 +54,7 @@ COMMON_ERRORS = {
 
 
 def document() -> dict:
-    limits = settings.QUEUEADMIN
+    limits = {key: setting(key) for key in DEFAULTS}
     new_item = {
         "type": "object",
         "additionalProperties": False,

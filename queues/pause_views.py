@@ -6,7 +6,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 from django_htmx.http import trigger_client_event
 
-from queues import pausing
+from queues.engine import pausing
 from queues.models import MAX_ACCOUNT_LENGTH, Queue
 from queues.permissions import operator_required
 

@@ -1,9 +1,9 @@
 """The live stream pages: a table of item events that grows at the top as they happen.
 
 Under an ASGI server (uvicorn) the page holds a server-sent-events connection to `stream_events`,
-an async view fed by the per-process hub in queues.stream. Under WSGI a request cannot stay open
+an async view fed by the per-process hub in queues.engine.stream. Under WSGI a request cannot stay open
 without holding a worker thread, so the page polls `stream_rows` every 2 seconds instead and
-says so. Either way the page keeps its position (a queues.stream.Cursor) in a data attribute and
+says so. Either way the page keeps its position (a queues.engine.stream.Cursor) in a data attribute and
 sends it back, so that a reconnect, a server restart or a poll shows nothing twice and skips
 nothing.
 """
@@ -23,11 +23,11 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET
 
-from queues import stream
+from queues.engine import stream
+from queues.engine.stream import Cursor, Filters
 from queues.middleware import SESSION_KEY
 from queues.models import MAX_ACCOUNT_LENGTH, Queue, Status
 from queues.permissions import VIEWER, has_role, viewer_required
-from queues.stream import Cursor, Filters
 
 HEARTBEAT_SECONDS = 15.0  # a comment line this often keeps proxies from closing an idle stream
 MAX_STREAMS_PER_USER = 6  # a few tabs; more is a leak or abuse, and each holds a socket

@@ -1,5 +1,5 @@
 """API tokens in the dashboard, for Admins: the list, a create form whose response shows the
-secret once (never stored, redirected or put in a message), and revoke. queues.tokens does the
+secret once (never stored, redirected or put in a message), and revoke. queues.engine.tokens does the
 work and writes the audit entries."""
 
 from django import forms
@@ -9,7 +9,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from queues import tokens
+from queues.engine import tokens
 from queues.models import ApiToken, Queue
 from queues.permissions import admin_required
 

@@ -10,17 +10,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import trigger_client_event
 
-from queues import (
-    audit,
-    counters,
-    dashboard,
-    export,
-    lifecycle,
-    masking,
-    pausing,
-    selector,
-    sweeper,
-)
+from queues import dashboard, export, masking
+from queues.engine import audit, counters, lifecycle, pausing, selector, sweeper
 from queues.forms import (
     PERIODS,
     AccountsForm,

@@ -38,7 +38,8 @@ def enqueued(queue, n=1, *, account="acme", prefix="item", **kwargs):
 def items_in_status(queue, status, n=1, *, account="acme", prefix=None, payload=None):
     """`n` items brought to `status` through the lifecycle itself (enqueue, dispatch, start,
     finish, cancel), so that their events, attempts and counters are what production writes."""
-    from queues import enqueue_many, lifecycle
+    from queues import enqueue_many
+    from queues.engine import lifecycle
     from queues.models import Item, Status
 
     prefix = prefix or f"{status}-{next(_prefixes)}"

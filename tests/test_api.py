@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from queues import lifecycle, tokens
+from queues.engine import lifecycle, tokens
 from queues.models import ApiToken, CounterDelta, Item, ItemEvent
 from tests.factories import QueueFactory, enqueued, items_in_status
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queues import bulk, lifecycle, tokens
+from queues.engine import bulk, lifecycle, tokens
 from queues.models import AuditEntry, BulkOperation, GlobalPause, Item, Queue, Status
 from tests.factories import QueueFactory, items_in_status
 from tests.test_api_openapi import check

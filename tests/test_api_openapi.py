@@ -9,7 +9,8 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 from referencing import Registry, Resource
 
-from queues import api, tokens
+from queues import api
+from queues.engine import tokens
 from tests.factories import QueueFactory, items_in_status
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from queues import bench
-from queues.fairness import plan_batch
+from queues.engine.fairness import plan_batch
 from queues.models import Item, ItemEvent, Status
 
 

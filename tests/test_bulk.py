@@ -7,7 +7,7 @@ from django.db import connection
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from queues import bulk, lifecycle, selector
+from queues.engine import bulk, lifecycle, selector
 from queues.models import AuditEntry, BulkOperation, Item, ItemEvent, Status
 from tests.factories import QueueFactory, enqueued, items_in_status
 
@@ -266,7 +266,7 @@ def test_replay_filters_by_dead_letter_reason(queue):
 
 
 def test_purge_deletes_dead_items_their_history_and_their_counts(queue):
-    from queues import counters
+    from queues.engine import counters
     from queues.models import Attempt, DeadLetter
 
     items_in_status(queue, "failed", 4)

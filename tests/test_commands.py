@@ -6,7 +6,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db.models import Count
 
-from queues import bench, counters
+from queues import bench
+from queues.engine import counters
 from queues.models import AccountPolicy, Item, Queue
 from tests.factories import QueueFactory
 

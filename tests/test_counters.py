@@ -1,4 +1,4 @@
-"""queues.counters: deltas written by transitions, folded exactly once by the rollup."""
+"""queues.engine.counters: deltas written by transitions, folded exactly once by the rollup."""
 
 import threading
 from collections import Counter
@@ -7,8 +7,8 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
-from queues import counters, lifecycle
-from queues.lifecycle import Outcome
+from queues.engine import counters, lifecycle
+from queues.engine.lifecycle import Outcome
 from queues.models import CounterDelta, OutcomeMinute, Status, StatusCount
 from tests.factories import QueueFactory, item_in_status, items_in_status
 

@@ -18,8 +18,10 @@ from django.core.management import get_commands
 
 from queueadmin import config
 from queueadmin.config import ConfigError
-from queues import processes, sweeper, worker
-from queues.jsonlog import JsonFormatter, item_fields
+from queues import processes
+from queues.engine import sweeper, worker
+from queues.engine.logfields import item_fields
+from queues.jsonlog import JsonFormatter
 from queues.models import ClusterHeartbeat, Item
 from tests.factories import QueueFactory, items_in_status
 
@@ -145,7 +147,7 @@ def test_a_bad_setting_stops_a_command_with_exit_status_2():
 # --- JSON logs ----------------------------------------------------------------------------------
 
 def record(message, *args, exc_info=None, **extra):
-    rec = logging.LogRecord("queues.worker", logging.WARNING, __file__, 1, message, args,
+    rec = logging.LogRecord("queues.engine.worker", logging.WARNING, __file__, 1, message, args,
                             exc_info)
     rec.__dict__.update(extra)
     return rec
@@ -157,7 +159,7 @@ def test_a_json_log_line_carries_queue_item_and_account_as_fields():
     assert line["message"] == "item 7 failed"
     assert (line["queue"], line["item"], line["account"], line["attempt"]) == (
         "emails", 7, "acme", 2)
-    assert line["level"] == "WARNING" and line["logger"] == "queues.worker"
+    assert line["level"] == "WARNING" and line["logger"] == "queues.engine.worker"
     assert line["time"].endswith("+00:00")
 
 
@@ -176,9 +178,9 @@ def test_a_worker_logs_each_failed_attempt_with_its_queue_item_and_account(caplo
                          handler_options={"min_ms": 0, "max_ms": 0, "retry_rate": 1.0,
                                           "permanent_rate": 0})
     items = items_in_status(queue, "dispatched", 2, account="acme")
-    with caplog.at_level(logging.WARNING, logger="queues.worker"):
+    with caplog.at_level(logging.WARNING, logger="queues.engine.worker"):
         worker.run_batch(queue.pk, [[item.pk, item.attempts] for item in items])
-    lines = [r for r in caplog.records if r.name == "queues.worker"]
+    lines = [r for r in caplog.records if r.name == "queues.engine.worker"]
     assert {(r.queue, r.item, r.account) for r in lines} == {
         ("emails", item.pk, "acme") for item in items}
     assert all("retry scheduled" in r.getMessage() for r in lines)
@@ -193,9 +195,9 @@ def test_the_sweeper_logs_each_lost_item_with_its_queue_item_and_account(caplog)
     queue = QueueFactory(key="emails")
     item = items_in_status(queue, "running", 1, account="acme")[0]
     Item.objects.filter(pk=item.pk).update(updated_at=timezone.now() - timedelta(days=1))
-    with caplog.at_level(logging.WARNING, logger="queues.sweeper"):
+    with caplog.at_level(logging.WARNING, logger="queues.engine.sweeper"):
         sweeper.run(seconds=5)
-    (line,) = [r for r in caplog.records if r.name == "queues.sweeper" and "lost" in r.message]
+    (line,) = [r for r in caplog.records if r.name == "queues.engine.sweeper" and "lost" in r.message]
     assert (line.queue, line.item, line.account) == ("emails", item.pk, "acme")
 
 

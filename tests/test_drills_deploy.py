@@ -26,7 +26,8 @@ from django.db.models import Count
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule, Task
 
-from queues import enqueue_many, processes, selector, sweeper
+from queues import enqueue_many, processes
+from queues.engine import selector, sweeper
 from queues.health import SELECTOR_SCHEDULE
 from queues.models import Attempt, Item, ItemEvent, Queue, Status, SweepRun
 from tests.factories import QueueFactory
@@ -201,7 +202,7 @@ def throwaway_postgres():
 
 SETUP = """
 from django.contrib.auth.models import Group, User
-from queues import tokens
+from queues.engine import tokens
 from queues.models import Queue
 User.objects.create_user("watcher", password="drill-password-1").groups.add(
     Group.objects.get(name="Viewer"))

@@ -8,8 +8,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from queues import counters, enqueue, enqueue_many, lifecycle
-from queues.lifecycle import EnqueueError, IdentifierConflict, UnknownQueue
+from queues import enqueue, enqueue_many
+from queues.engine import counters, lifecycle
+from queues.engine.lifecycle import EnqueueError, IdentifierConflict, UnknownQueue
 from queues.models import CounterDelta, Item, ItemEvent, Status
 from tests.factories import QueueFactory, item_in_status
 

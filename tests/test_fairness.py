@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queues.fairness import plan_batch
+from queues.engine.fairness import plan_batch
 
 account_names = st.text(alphabet="abcdefghij0123456789-", min_size=1, max_size=6)
 demands = st.dictionaries(account_names, st.integers(min_value=0, max_value=300), max_size=60)

@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 from django.db.models import Count
 
-from queues import bench, enqueue_many, processes, sweeper
+from queues import bench, enqueue_many, processes
+from queues.engine import sweeper
 from queues.models import Attempt, DeadLetter, Item, ItemEvent, SelectorRound, Status
 from tests.factories import QueueFactory
 

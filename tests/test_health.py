@@ -9,7 +9,7 @@ from django.db import OperationalError
 from django.utils import timezone
 from django_q.models import Schedule
 
-from queues import heartbeat
+from queues.engine import heartbeat
 from queues.health import SELECTOR_SCHEDULE
 from queues.models import ClusterHeartbeat, SweepRun
 

@@ -10,7 +10,8 @@ import pytest
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from queues import heartbeat, processes, sweeper
+from queues import processes
+from queues.engine import heartbeat, sweeper
 from queues.models import ClusterHeartbeat
 
 

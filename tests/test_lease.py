@@ -1,4 +1,4 @@
-"""queues.lease: one selector loop at a time, handed from tick to tick without a gap."""
+"""queues.engine.lease: one selector loop at a time, handed from tick to tick without a gap."""
 
 import threading
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 from django.db import connection
 
-from queues import lease, selector
+from queues.engine import lease, selector
 from queues.models import SelectorLease
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""queues.lifecycle: the transition table, fencing, retries, dead letters and counters."""
+"""queues.engine.lifecycle: the transition table, fencing, retries, dead letters and counters."""
 
 import random
 import threading
@@ -10,8 +10,9 @@ from django.db import connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from queues import counters, enqueue, lifecycle
-from queues.lifecycle import TRANSITIONS, IllegalTransition, Outcome
+from queues import enqueue
+from queues.engine import counters, lifecycle
+from queues.engine.lifecycle import TRANSITIONS, IllegalTransition, Outcome
 from queues.models import (
     DEFAULT_BACKOFF_SECONDS,
     Attempt,

@@ -11,7 +11,7 @@ from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from queues import heartbeat, selector
+from queues.engine import heartbeat, selector
 from queues.models import BulkOperation, SweepRun
 from tests.factories import QueueFactory, enqueued, items_in_status
 

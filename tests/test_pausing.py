@@ -1,6 +1,6 @@
 import pytest
 
-from queues import pausing, selector
+from queues.engine import pausing, selector
 from queues.models import AccountPolicy, AuditEntry, GlobalPause, Item, Status
 from tests.factories import QueueFactory, enqueued
 

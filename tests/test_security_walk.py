@@ -14,7 +14,8 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
-from queues import enqueue, tokens
+from queues import enqueue
+from queues.engine import tokens
 from queues.models import AuditEntry, BulkOperation
 from queues.permissions import ADMIN, OPERATOR, ROLES, VIEWER
 from tests.factories import QueueFactory

@@ -11,7 +11,7 @@ from django.contrib.auth.models import Group, User
 from django.urls import reverse
 from django.utils import timezone
 
-from queues import audit, tokens
+from queues.engine import audit, tokens
 from queues.models import Attempt, BulkOperation, DeadLetter, Item, ItemEvent
 from tests.factories import QueueFactory, items_in_status
 from tests.test_security_walk import RULES, walk

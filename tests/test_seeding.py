@@ -4,7 +4,8 @@ from collections import Counter
 import pytest
 from django.db.models import Count
 
-from queues import counters, seeding
+from queues import seeding
+from queues.engine import counters
 from queues.models import (
     Attempt,
     DeadLetter,

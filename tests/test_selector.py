@@ -1,4 +1,4 @@
-"""queues.selector: one fair round per queue, claimed atomically, one worker task per batch."""
+"""queues.engine.selector: one fair round per queue, claimed atomically, one worker task per batch."""
 
 import threading
 from datetime import timedelta
@@ -9,7 +9,8 @@ from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
-from queues import enqueue_many, lifecycle, selector
+from queues import enqueue_many
+from queues.engine import lifecycle, selector
 from queues.models import (
     ClusterHeartbeat,
     Item,
@@ -45,7 +46,7 @@ def test_a_round_dispatches_a_fair_batch_and_one_worker_task():
     assert result.taken == {"big": 4, "mid": 4, "small": 2}
     assert Item.objects.filter(status=Status.DISPATCHED).count() == 10
     [task] = dispatched_tasks()
-    assert task["func"] == "queues.worker.run_batch"
+    assert task["func"] == "queues.engine.worker.run_batch"
     queue_id, batch = task["args"]
     assert queue_id == queue.pk
     assert sorted(item_id for item_id, _, _ in batch) == sorted(result.item_ids)

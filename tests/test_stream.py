@@ -1,4 +1,4 @@
-"""The live stream: reading events in order (queues.stream) and the SSE view over Django's
+"""The live stream: reading events in order (queues.engine.stream) and the SSE view over Django's
 async test client. The views run in a real event loop with the per-process hub reading on its
 own thread and connection, so these tests commit (transaction=True)."""
 
@@ -14,9 +14,10 @@ from django.contrib.auth.models import Group, User
 from django.db import connection, transaction
 from django.test import AsyncClient, Client
 
-from queues import enqueue, lifecycle, stream, stream_views
+from queues import enqueue, stream_views
+from queues.engine import lifecycle, stream
+from queues.engine.stream import Batch, Cursor, Filters
 from queues.models import ItemEvent
-from queues.stream import Batch, Cursor, Filters
 from tests.factories import QueueFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

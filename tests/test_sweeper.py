@@ -1,4 +1,4 @@
-"""queues.sweeper: rescue of lost items, retention, counters, and a record of every run."""
+"""queues.engine.sweeper: rescue of lost items, retention, counters, and a record of every run."""
 
 import logging
 import threading
@@ -9,7 +9,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from queues import counters, enqueue_many, heartbeat, lifecycle, selector, sweeper
+from queues import enqueue_many
+from queues.engine import counters, heartbeat, lifecycle, selector, sweeper
+from queues.engine.worker import run_batch
 from queues.models import (
     Attempt,
     ClusterHeartbeat,
@@ -20,7 +22,6 @@ from queues.models import (
     Status,
     SweepRun,
 )
-from queues.worker import run_batch
 from tests.factories import QueueFactory
 
 pytestmark = pytest.mark.django_db
@@ -115,7 +116,7 @@ def test_it_prunes_old_round_records():
 
 def test_every_run_is_recorded_and_only_changes_are_logged(caplog):
     QueueFactory()
-    with caplog.at_level(logging.INFO, logger="queues.sweeper"):
+    with caplog.at_level(logging.INFO, logger="queues.engine.sweeper"):
         assert sweeper.run() == {}
     run = SweepRun.objects.get()
     assert run.counts == {} and run.finished_at >= run.started_at

@@ -5,7 +5,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from queues import tokens
+from queues.engine import tokens
 from queues.models import ApiToken, AuditEntry
 from tests.factories import QueueFactory
 

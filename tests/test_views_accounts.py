@@ -2,7 +2,7 @@
 
 import pytest
 
-from queues import selector
+from queues.engine import selector
 from queues.models import SelectorState
 from tests.factories import AccountPolicyFactory, QueueFactory, enqueued, items_in_status
 

@@ -36,7 +36,7 @@ def test_viewer_sees_no_run_buttons(role_client):
 
 
 def test_audit_log_lists_entries_newest_first(role_client):
-    from queues import audit
+    from queues.engine import audit
 
     audit.record("cli", "first")
     audit.record("cli", "second", queue_key="emails", target="<b>t</b>")

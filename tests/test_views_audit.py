@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queues import audit, sweeper
+from queues.engine import audit, sweeper
 from queues.models import AuditEntry
 from tests.factories import QueueFactory
 

@@ -3,7 +3,7 @@ import re
 import pytest
 from django.core import signing
 
-from queues import bulk, lifecycle
+from queues.engine import bulk, lifecycle
 from queues.models import AuditEntry, BulkOperation, Item, Status
 from tests.factories import QueueFactory, items_in_status
 

@@ -6,7 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queues import enqueue, lifecycle
+from queues import enqueue
+from queues.engine import lifecycle
 from queues.models import Attempt, AuditEntry, Item, ItemEvent
 from tests.factories import QueueFactory, item_in_status
 
@@ -196,7 +197,7 @@ def test_run_now_makes_a_delayed_item_due(role_client, queue):
 
 
 def test_run_now_transition_keeps_counts(queue):
-    from queues import counters
+    from queues.engine import counters
 
     item = enqueue("emails", account="a", identifier="later",
                    run_at=timezone.now() + timedelta(days=1))

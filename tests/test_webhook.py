@@ -20,10 +20,11 @@ import trustme
 from django.utils import timezone
 
 from queueadmin import config
-from queues import enqueue_many, handlers, lifecycle, selector, webhook
-from queues.handlers import PermanentError, RetryableError, Task
+from queues import enqueue_many
+from queues.engine import handlers, lifecycle, selector, webhook
+from queues.engine.handlers import PermanentError, RetryableError, Task
+from queues.engine.worker import run_batch
 from queues.models import Attempt, Item, Status
-from queues.worker import run_batch
 from tests.factories import QueueFactory
 
 HUGE_BYTES = 50 * 1024 * 1024

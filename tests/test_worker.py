@@ -1,4 +1,4 @@
-"""queues.worker.run_batch: fenced start, concurrent handlers, set-based outcomes."""
+"""queues.engine.worker.run_batch: fenced start, concurrent handlers, set-based outcomes."""
 
 import multiprocessing
 import threading
@@ -10,10 +10,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from queues import enqueue_many, handlers, heartbeat, lifecycle, processes, selector
-from queues.handlers import PermanentError, RetryableError
+from queues import enqueue_many, processes
+from queues.engine import handlers, heartbeat, lifecycle, selector
+from queues.engine.handlers import PermanentError, RetryableError
+from queues.engine.worker import run_batch
 from queues.models import Attempt, DeadLetter, Item, ItemEvent, Status
-from queues.worker import run_batch
 from tests.factories import QueueFactory
 
 pytestmark = pytest.mark.django_db

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from queues import tokens
+from queues.engine import tokens
 from queues.models import ApiToken
 
 

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_datetime
 
 import queues
-from queues.lifecycle import EnqueueError
+from queues.engine.lifecycle import EnqueueError
 
 
 class Command(BaseCommand):

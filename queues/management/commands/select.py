@@ -2,7 +2,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
-from queues import selector
+from queues.engine import selector
 from queues.models import Queue
 
 

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from queues import sweeper
+from queues.engine import sweeper
 
 
 class Command(BaseCommand):

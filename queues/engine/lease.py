@@ -11,7 +11,7 @@ import time
 
 from django.db import connection
 
-from queues.db import is_postgres
+from queues.engine.db import is_postgres
 from queues.models import SelectorLease
 
 TTL_SECONDS = 15.0

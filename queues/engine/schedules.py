@@ -5,8 +5,8 @@ from django.utils import timezone
 SCHEDULES = [
     # django-q2's finest schedule is one minute; the task itself runs rounds for ~50 s while they
     # fill their batch, so throughput is not capped at one batch per tick.
-    {"name": "queueadmin: selector", "func": "queues.selector.tick", "minutes": 1},
-    {"name": "queueadmin: sweeper", "func": "queues.sweeper.run", "minutes": 5},
+    {"name": "queueadmin: selector", "func": "queues.engine.selector.tick", "minutes": 1},
+    {"name": "queueadmin: sweeper", "func": "queues.engine.sweeper.run", "minutes": 5},
 ]
 
 

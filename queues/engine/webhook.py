@@ -36,13 +36,13 @@ from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
 import requests
-from django.conf import settings
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
 from queueadmin.config import normal_host
-from queues.handlers import PermanentError, RetryableError, Task, handler
+from queues.conf import setting
+from queues.engine.handlers import PermanentError, RetryableError, Task, handler
 
 METHODS = ("POST", "PUT", "PATCH")
 DEFAULT_TIMEOUT = 10.0
@@ -124,7 +124,7 @@ def parse_options(raw: dict) -> Options:
 
     timeout = raw.get("timeout", DEFAULT_TIMEOUT)
     # The attempt runs inside a worker task; past the task's own limit it would be killed.
-    limit = settings.QUEUEADMIN["TASK_TIMEOUT_SECONDS"]
+    limit = setting("TASK_TIMEOUT_SECONDS")
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
         0 < timeout <= limit
     ):
@@ -283,7 +283,7 @@ def checked_address(scheme: str, host: str, port: int | None):
     except (socket.gaierror, UnicodeError) as exc:
         raise requests.ConnectionError(f"cannot resolve {name}: {exc}") from exc
     addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
-    if normal_host(name) not in settings.QUEUEADMIN.get("WEBHOOK_ALLOWED_HOSTS", ()):
+    if normal_host(name) not in setting("WEBHOOK_ALLOWED_HOSTS"):
         for address in addresses:
             reason = refusal(address)
             if reason is None:

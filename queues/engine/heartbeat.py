@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection
 from django.utils import timezone
 
-from queues import lease
+from queues.engine import lease
 from queues.models import ClusterHeartbeat
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ def _beat_forever():
                 # next tick may be a minute away: a cluster that runs schedules starts the
                 # selector loop itself when it starts (taking over from a running loop) and
                 # when the loop's process died or ended with nobody to take over.
-                async_task("queues.selector.tick",
+                async_task("queues.engine.selector.tick",
                            task_name="selector loop at cluster start" if first
                            else "selector loop restarted")
             if first or failing:

@@ -16,8 +16,8 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from queues import counters
-from queues.db import (
+from queues.engine import counters
+from queues.engine.db import (
     chunked,
     from_db_datetime,
     insert_rows,
@@ -26,6 +26,7 @@ from queues.db import (
     to_db_datetime,
     typed,
 )
+from queues.engine.stream import notify_events_written
 from queues.models import (
     FINISHED_STATUSES,
     LIVE_STATUSES,
@@ -39,7 +40,6 @@ from queues.models import (
     Queue,
     Status,
 )
-from queues.stream import notify_events_written
 
 BATCH_LIMIT = 1000  # rows per statement: keeps statements and transactions short
 ERROR_LIMIT = 10_000  # characters of an error message kept on the item and attempt

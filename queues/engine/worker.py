@@ -26,13 +26,13 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
-from queues import handlers, heartbeat, lifecycle, selector
-from queues.handlers import PermanentError, RetryableError, Task
-from queues.jsonlog import item_fields
+from queues.conf import setting, task_timeout_seconds
+from queues.engine import handlers, heartbeat, lifecycle, selector
+from queues.engine.handlers import PermanentError, RetryableError, Task
+from queues.engine.logfields import item_fields
 from queues.models import Item, Queue, Status
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class BatchRun:
     def __init__(self, queue: Queue, batch: list[list[int]]):
         self.queue = queue
         self.began = time.monotonic()
-        task_timeout = settings.Q_CLUSTER["timeout"]
+        task_timeout = task_timeout_seconds()
         self.handler_timeout = queue.handler_timeout.total_seconds()
         # The django-q2 task is killed at its timeout: every attempt ends before it, and the
         # last item starts early enough to get its whole handler timeout.
@@ -201,7 +201,7 @@ class BatchRun:
         attempt still running: their threads are abandoned and replaced."""
         now = time.monotonic()
         grace_over = (stopping is not None and time.time() - stopping
-                      > settings.QUEUEADMIN["SHUTDOWN_GRACE_SECONDS"])
+                      > setting("SHUTDOWN_GRACE_SECONDS"))
         outcomes = []
         for item_id, running in list(self.running.items()):
             if grace_over:

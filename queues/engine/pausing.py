@@ -8,7 +8,7 @@ Each change records who made it and when, and is audited.
 from django.db import transaction
 from django.utils import timezone
 
-from queues import audit
+from queues.engine import audit
 from queues.models import AccountPolicy, GlobalPause, Queue
 
 

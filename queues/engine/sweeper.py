@@ -14,9 +14,9 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queues import bulk, counters, heartbeat, lifecycle
-from queues.db import is_postgres, to_db_datetime
-from queues.jsonlog import item_fields
+from queues.engine import bulk, counters, heartbeat, lifecycle
+from queues.engine.db import is_postgres, to_db_datetime
+from queues.engine.logfields import item_fields
 from queues.models import (
     FINISHED_STATUSES,
     IN_FLIGHT_STATUSES,

@@ -9,10 +9,10 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from django.db import connection, transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, OuterRef, Subquery, Sum
 
-from queues.db import from_db_datetime, to_db_datetime
-from queues.models import CounterDelta, Item, OutcomeMinute, Status, StatusCount
+from queues.engine.db import from_db_datetime, to_db_datetime
+from queues.models import CounterDelta, Item, OutcomeMinute, Queue, Status, StatusCount
 
 OUTCOME_STATUSES = (Status.COMPLETE, Status.RETRY, Status.FAILED, Status.CANCELLED)
 ROLLUP_BATCH = 10_000
@@ -138,3 +138,12 @@ def in_flight_sql() -> str:
             f"WHERE queue_id = %s AND status IN ({statuses})) + "
             f"(SELECT COALESCE(SUM(delta), 0) FROM {CounterDelta._meta.db_table} "
             f"WHERE queue_id = %s AND status IN ({statuses}))")
+
+
+def oldest_waiting(ids: list[int], now: datetime) -> dict[int, datetime | None]:
+    """Enqueue time of each queue's oldest due queued item: the head of the (queue, status,
+    created_at) index, one correlated subquery per queue."""
+    return dict(Queue.objects.filter(pk__in=ids).annotate(oldest=Subquery(
+        Item.objects.filter(queue=OuterRef("pk"), status=Status.QUEUED, run_at__lte=now)
+        .order_by("created_at").values("created_at")[:1]
+    )).values_list("pk", "oldest"))

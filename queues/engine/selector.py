@@ -19,9 +19,9 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from queues import counters, heartbeat, lease, lifecycle, stream, sweeper
-from queues.db import insert_rows, is_postgres, placeholders, to_db_datetime
-from queues.fairness import plan_batch
+from queues.engine import counters, heartbeat, lease, lifecycle, stream, sweeper
+from queues.engine.db import insert_rows, is_postgres, placeholders, to_db_datetime
+from queues.engine.fairness import plan_batch
 from queues.models import (
     IN_FLIGHT_STATUSES,
     READY_STATUSES,
@@ -118,7 +118,7 @@ def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None) 
             if dispatched and for_cluster:
                 lifecycle.claim(result.batch, for_cluster)
             elif dispatched:
-                async_task("queues.worker.run_batch", queue.pk, result.batch,
+                async_task("queues.engine.worker.run_batch", queue.pk, result.batch,
                            task_name=f"{queue.key} batch of {len(dispatched)}")
             result.duration_ms = (time.perf_counter() - started) * 1000
             # Empty rounds change nothing and are not recorded: an idle queue is polled every
@@ -177,7 +177,7 @@ def tick(seconds: float | None = None, idle_sleep: float = IDLE_SECONDS) -> dict
 
 class _Wakeups:
     """Waits until an item may have become ready or capacity freed: every transition's
-    transaction notifies the events channel on PostgreSQL (queues.stream); SQLite polls."""
+    transaction notifies the events channel on PostgreSQL (queues.engine.stream); SQLite polls."""
 
     def __enter__(self):
         self.listening = None

@@ -16,7 +16,6 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from django.conf import settings
 from django.core import signing
 from django.db import transaction
 from django.db.models import Exists, Max, OuterRef, Q
@@ -24,7 +23,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django_q.tasks import async_task
 
-from queues import audit, lifecycle
+from queues.conf import setting
+from queues.engine import audit, lifecycle
 from queues.models import LIVE_STATUSES, BulkOperation, DeadLetter, Item, Queue, Status
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def selection_range(now: datetime) -> tuple[datetime, datetime]:
 
 
 def max_items() -> int:
-    return settings.QUEUEADMIN["BULK_MAX_ITEMS"]
+    return setting("BULK_MAX_ITEMS")
 
 
 @dataclass(frozen=True)
@@ -263,7 +263,7 @@ def start(bulk_filter: BulkFilter, *, expected: int, filter_hash: str, actor) ->
 
 
 def schedule(operation_id: int):
-    async_task("queues.bulk.run", operation_id, task_name=f"bulk operation {operation_id}")
+    async_task("queues.engine.bulk.run", operation_id, task_name=f"bulk operation {operation_id}")
 
 
 def stop(operation: BulkOperation, *, actor) -> bool:

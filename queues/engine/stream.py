@@ -31,7 +31,7 @@ from datetime import datetime
 from django.db import connection
 from django.db.models import Q
 
-from queues.db import from_db_datetime, is_postgres
+from queues.engine.db import from_db_datetime, is_postgres
 from queues.models import ItemEvent
 
 log = logging.getLogger(__name__)

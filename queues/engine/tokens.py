@@ -9,7 +9,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queues import audit
+from queues.engine import audit
 from queues.models import ApiToken, Queue
 
 TOKEN_PREFIX = "qa_"  # noqa: S105 (a marker that lets secret scanners spot leaked tokens)
