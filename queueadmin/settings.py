@@ -37,7 +37,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "queues.middleware.UserTimeZoneMiddleware",
+    "queues.web.middleware.UserTimeZoneMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -96,7 +96,7 @@ AXES_COOLOFF_TIME = timedelta(minutes=15)
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_HTTP_RESPONSE_CODE = 429
-AXES_CLIENT_IP_CALLABLE = "queues.security.client_ip"
+AXES_CLIENT_IP_CALLABLE = "queues.web.security.client_ip"
 AXES_SENSITIVE_PARAMETERS = ["password"]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"

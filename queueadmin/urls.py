@@ -3,7 +3,7 @@ from django.urls import include, path
 
 urlpatterns = [
     path("api/v1/", include("queues.api")),
-    path("accounts/", include("queues.auth_urls")),
+    path("accounts/", include("queues.web.auth_urls")),
     path("django-admin/", admin.site.urls),
     path("", include("queues.urls")),
 ]

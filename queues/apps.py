@@ -12,10 +12,11 @@ class QueuesConfig(AppConfig):
     verbose_name = "Queues"
 
     def ready(self):
-        from queues import checks, middleware  # noqa: F401  checks, login signal
+        from queues import checks  # noqa: F401  registers the system checks
         from queues.engine import heartbeat, webhook  # noqa: F401  webhook registers its handler
         from queues.engine.schedules import ensure_schedules
         from queues.permissions import grant_admin_permissions
+        from queues.web import middleware  # noqa: F401  connects the login signal
 
         # Every installed app may register handlers in its handlers.py.
         autodiscover_modules("handlers")

@@ -447,8 +447,8 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from queues import dashboard
     from queues.permissions import VIEWER
+    from queues.web import queries
 
     queue = Queue.objects.get(key=queue_key)
     user, _ = User.objects.get_or_create(username="bench-viewer")
@@ -458,8 +458,8 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
     now = timezone.now()
     data = {"status": [], "cursor": None}
     for _ in range(49):  # the cursor of page 50, walked as a person clicking "Older" would
-        data["cursor"] = dashboard.parse_cursor(dashboard.item_page(queue, data, now).next_cursor)
-    deep = f"{dashboard._micros(data['cursor'][0])}-{data['cursor'][1]}"
+        data["cursor"] = queries.parse_cursor(queries.item_page(queue, data, now).next_cursor)
+    deep = f"{queries._micros(data['cursor'][0])}-{data['cursor'][1]}"
     failed = (Item.objects.filter(queue=queue, status="failed").order_by("-created_at", "-id")
               .values_list("pk", flat=True).first())
     base = f"/queues/{queue.key}/"

@@ -2,7 +2,8 @@
 
 import pytest
 
-from queues import bench, dashboard
+from queues import bench
+from queues.web import queries
 from tests.factories import QueueFactory, enqueued, items_in_status
 
 pytestmark = pytest.mark.django_db
@@ -13,7 +14,7 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     queue = QueueFactory(key="bench-pages")
     enqueued(queue, 120)  # 50 pages deep needs more than 49 pages of items
     items_in_status(queue, "failed", 2)
-    monkeypatch.setattr(dashboard, "PAGE_SIZE", 2)
+    monkeypatch.setattr(queries, "PAGE_SIZE", 2)
     report = bench.run_pages(queue_key="bench-pages", requests=2, log=lambda _: None)
     names = [name for name, _, _ in report.figures]
     assert len(names) == 21

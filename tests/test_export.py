@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from queues import export
+from queues.web import export
 from tests.factories import QueueFactory, items_in_status
 
 pytestmark = pytest.mark.django_db

@@ -69,7 +69,7 @@ def test_force_login_is_not_throttled(role_client):
 
 
 def test_behind_the_proxy_the_address_is_the_one_the_proxy_appended(settings, rf):
-    from queues.security import client_ip
+    from queues.web.security import client_ip
 
     request = rf.get("/", HTTP_X_FORWARDED_FOR="1.2.3.4, 203.0.113.7", REMOTE_ADDR="10.0.0.2")
     settings.SECURE_PROXY_SSL_HEADER = None

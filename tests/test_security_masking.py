@@ -3,7 +3,7 @@
 import pytest
 
 from queues import enqueue
-from queues.masking import MASK, mask_payload
+from queues.web.masking import MASK, mask_payload
 from tests.factories import QueueFactory
 
 pytestmark = pytest.mark.django_db

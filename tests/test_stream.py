@@ -14,10 +14,11 @@ from django.contrib.auth.models import Group, User
 from django.db import connection, transaction
 from django.test import AsyncClient, Client
 
-from queues import enqueue, stream_views
+from queues import enqueue
 from queues.engine import lifecycle, stream
 from queues.engine.stream import Batch, Cursor, Filters
 from queues.models import ItemEvent
+from queues.web import stream as stream_views
 from tests.factories import QueueFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -4,6 +4,7 @@ import pytest
 
 from queues.engine import selector
 from queues.models import SelectorState
+from queues.web import queries
 from tests.factories import AccountPolicyFactory, QueueFactory, enqueued, items_in_status
 
 pytestmark = pytest.mark.django_db
@@ -32,9 +33,8 @@ def test_accounts_view_shows_the_fairness_picture(role_client):
 
 
 def test_accounts_are_paged_by_key(role_client, monkeypatch):
-    from queues import dashboard
 
-    monkeypatch.setattr(dashboard, "PAGE_SIZE", 2)
+    monkeypatch.setattr(queries, "PAGE_SIZE", 2)
     queue = QueueFactory(key="emails")
     for account in ("a", "b", "c"):
         enqueued(queue, 1, account=account, prefix=account)

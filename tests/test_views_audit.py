@@ -97,7 +97,7 @@ def test_export_is_csv_with_the_page_filter_and_neutralised_formulas(role_client
 
 
 def test_export_is_bounded(role_client, monkeypatch):
-    from queues import audit_views
+    from queues.web import audit as audit_views
 
     monkeypatch.setattr(audit_views, "EXPORT_MAX_ROWS", 3)
     monkeypatch.setattr(audit_views, "EXPORT_CHUNK", 2)

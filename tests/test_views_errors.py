@@ -2,8 +2,8 @@
 
 import pytest
 
-from queues.dashboard import normalise_error
 from queues.models import Item
+from queues.web.queries import normalise_error
 from tests.factories import QueueFactory, items_in_status
 
 pytestmark = pytest.mark.django_db

@@ -34,7 +34,7 @@ def test_detail_shows_payload_timeline_attempts_and_traceback(role_client, queue
 
 
 def test_dead_letter_estimate_adds_the_remaining_backoff(queue):
-    from queues.dashboard import dead_letter_estimate
+    from queues.web.queries import dead_letter_estimate
 
     start = timezone.now()
     # Attempt 1 done; attempt 2 at start, then retries 2 and 3 wait 600 s each (last repeats).
@@ -48,7 +48,7 @@ ALL_RETRIES = timedelta(seconds=60 + 600 + 600)
 
 
 def forecast(item, now):
-    from queues.dashboard import item_detail
+    from queues.web.queries import item_detail
 
     return item_detail(Item.objects.get(pk=item.pk), now).dead_letter_at
 

@@ -5,8 +5,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queues import dashboard, enqueue
+from queues import enqueue
 from queues.models import Item
+from queues.web import queries
 from tests.factories import AccountPolicyFactory, QueueFactory, enqueued, items_in_status
 
 pytestmark = pytest.mark.django_db
@@ -78,7 +79,7 @@ def test_bad_filters_are_refused_with_a_message(role_client, queue):
 
 
 def test_keyset_pages_walk_every_item_once(role_client, queue, monkeypatch):
-    monkeypatch.setattr(dashboard, "PAGE_SIZE", 4)
+    monkeypatch.setattr(queries, "PAGE_SIZE", 4)
     enqueued(queue, 7, prefix="a")  # one enqueue: all seven share created_at
     items_in_status(queue, "retry", 3, prefix="b")
     client = role_client("Viewer")
@@ -93,7 +94,7 @@ def test_keyset_pages_walk_every_item_once(role_client, queue, monkeypatch):
 
 
 def test_counts_are_exact_up_to_the_limit_then_plus(role_client, queue, monkeypatch):
-    monkeypatch.setattr(dashboard, "EXACT_COUNT_LIMIT", 3)
+    monkeypatch.setattr(queries, "EXACT_COUNT_LIMIT", 3)
     enqueued(queue, 5, account="big")
     client = role_client("Viewer")
     assert client.get("/queues/emails/?account=big").context["page"].total == "3+"

@@ -107,6 +107,3 @@ def note_completion(path: str | None, item: int | str, attempt: int):
         with open(path, "a") as completions:
             completions.write(f"{item} {attempt}\n")
 
-
-# Built-in handlers kept in their own modules register on import; last, since they import us.
-from queues import webhook  # noqa: E402, F401

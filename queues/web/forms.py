@@ -7,9 +7,9 @@ from datetime import timedelta
 from django import forms
 from django.utils import timezone
 
-from queues.dashboard import parse_cursor
 from queues.engine.bulk import MAX_SELECTION, selection_range
 from queues.models import MAX_ACCOUNT_LENGTH, MAX_IDENTIFIER_LENGTH, Queue, Status
+from queues.web.queries import parse_cursor
 
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 MAX_RANGE = timedelta(days=366)

@@ -6,9 +6,9 @@ import json
 
 from django.db.models import Q
 
-from queues import dashboard
-from queues.masking import mask_payload
 from queues.models import Item, Queue, Status
+from queues.web import queries
+from queues.web.masking import mask_payload
 
 MAX_ROWS = 100_000  # narrow the filter for more; a spreadsheet chokes well before this anyway
 CHUNK = 1000
@@ -34,7 +34,7 @@ def items(queue: Queue, data: dict):
     """The filtered items newest first, chunk by chunk, at most MAX_ROWS; then None if more
     were left out."""
     statuses = data.get("status") or list(Status.values)
-    base = dashboard.filtered_items(queue, data)
+    base = queries.filtered_items(queue, data)
     cursor, sent = None, 0
     while sent < MAX_ROWS:
         page = base
@@ -43,7 +43,7 @@ def items(queue: Queue, data: dict):
             page = page.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=pk),
                                created_at__lte=created)
         wanted = min(CHUNK, MAX_ROWS - sent)
-        chunk = dashboard.newest_first(page, statuses, wanted + 1)
+        chunk = queries.newest_first(page, statuses, wanted + 1)
         yield from chunk[:wanted]
         if len(chunk) <= wanted:
             return

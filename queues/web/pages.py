@@ -1,4 +1,4 @@
-"""The dashboard's pages. Each view is thin: a form parses the query, queues.dashboard reads,
+"""The dashboard's pages. Each view is thin: a form parses the query, queues.web.queries reads,
 and one template renders the page or, for htmx requests, just the fragment that changes."""
 
 from django.contrib import messages
@@ -10,19 +10,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import trigger_client_event
 
-from queues import dashboard, export, masking
 from queues.engine import audit, counters, lifecycle, pausing, selector, sweeper
-from queues.forms import (
-    PERIODS,
-    AccountsForm,
-    DeadLetterFilterForm,
-    ItemFilterForm,
-    QueueFilterForm,
-    RunSelectorForm,
-    SearchForm,
-    TimeZoneForm,
-)
-from queues.middleware import SESSION_KEY
 from queues.models import (
     DeadLetter,
     Item,
@@ -32,6 +20,18 @@ from queues.models import (
     UserPreference,
 )
 from queues.permissions import can_operate, operator_required, viewer_required
+from queues.web import export, masking, queries
+from queues.web.forms import (
+    PERIODS,
+    AccountsForm,
+    DeadLetterFilterForm,
+    ItemFilterForm,
+    QueueFilterForm,
+    RunSelectorForm,
+    SearchForm,
+    TimeZoneForm,
+)
+from queues.web.middleware import SESSION_KEY
 
 # Buttons on the item page -> lifecycle transitions.
 ITEM_ACTIONS = {"retry": "requeue", "cancel": "cancel", "run-now": "run_now"}
@@ -56,7 +56,7 @@ def overview(request):
     if data.get("show") == "paused":
         queues = queues.filter(paused=True)
     now = timezone.now()
-    summaries = dashboard.queue_summaries(list(queues.order_by("key")), now)
+    summaries = queries.queue_summaries(list(queues.order_by("key")), now)
     if data.get("show") == "alerting":
         summaries = [s for s in summaries if s.alerts]
     return _page_or_fragment(request, "queues/overview.html", "queues/_queue_table.html",
@@ -71,7 +71,7 @@ def queue_items(request, key):
     queue = get_object_or_404(Queue, key=key)
     form = ItemFilterForm(request.GET)
     now = timezone.now()
-    page = dashboard.item_page(queue, form.cleaned_data, now) if form.is_valid() else None
+    page = queries.item_page(queue, form.cleaned_data, now) if form.is_valid() else None
     return _page_or_fragment(request, "queues/items.html", "queues/_item_list.html",
                              {"queue": queue, "form": form, "page": page, "now": now},
                              status=200 if page else 400)
@@ -84,9 +84,9 @@ def item_detail(request, pk):
     now = timezone.now()
     if request.htmx:
         return render(request, "queues/_item_summary.html",
-                      {"detail": dashboard.item_detail(item, now), "now": now})
+                      {"detail": queries.item_detail(item, now), "now": now})
     return render(request, "queues/item_detail.html", {
-        "detail": dashboard.item_detail(item, now), "now": now,
+        "detail": queries.item_detail(item, now), "now": now,
         "payload": masking.payload_for(request.user, item),
         "queue_counts": counters.status_counts([item.queue_id])[item.queue_id]})
 
@@ -111,7 +111,7 @@ def item_action(request, pk, action):
     item.refresh_from_db()
     now = timezone.now()
     response = render(request, "queues/_item_summary.html",
-                      {"detail": dashboard.item_detail(item, now), "now": now,
+                      {"detail": queries.item_detail(item, now), "now": now,
                        "message": message, "message_ok": done}, status=200 if done else 409)
     return trigger_client_event(response, CHANGED_EVENT, {"item": pk})
 
@@ -130,10 +130,10 @@ def queue_counts(request, key):
 @viewer_required
 def queue_errors(request, key):
     queue = get_object_or_404(Queue, key=key)
-    groups, read = dashboard.error_groups(queue)
+    groups, read = queries.error_groups(queue)
     return render(request, "queues/errors.html",
                   {"queue": queue, "groups": groups, "read": read,
-                   "sample": dashboard.ERROR_SAMPLE})
+                   "sample": queries.ERROR_SAMPLE})
 
 
 @require_GET
@@ -145,7 +145,7 @@ def queue_accounts(request, key):
     after = form.cleaned_data["after"] if form.is_valid() else ""
     now = timezone.now()
     return _page_or_fragment(request, "queues/accounts.html", "queues/_account_table.html",
-                             {"queue": queue, "page": dashboard.accounts_page(queue, after, now),
+                             {"queue": queue, "page": queries.accounts_page(queue, after, now),
                               "now": now, "after": after})
 
 
@@ -155,7 +155,7 @@ def search(request):
     form = SearchForm(request.GET or None)
     results, exact = [], True
     if form.is_valid():
-        results, exact = dashboard.search_identifier(form.cleaned_data["q"], LIST_SIZE)
+        results, exact = queries.search_identifier(form.cleaned_data["q"], LIST_SIZE)
     return render(request, "queues/search.html",
                   {"form": form, "results": results, "exact": exact, "now": timezone.now()})
 

@@ -25,9 +25,9 @@ from django.views.decorators.http import require_GET
 
 from queues.engine import stream
 from queues.engine.stream import Cursor, Filters
-from queues.middleware import SESSION_KEY
 from queues.models import MAX_ACCOUNT_LENGTH, Queue, Status
 from queues.permissions import VIEWER, has_role, viewer_required
+from queues.web.middleware import SESSION_KEY
 
 HEARTBEAT_SECONDS = 15.0  # a comment line this often keeps proxies from closing an idle stream
 MAX_STREAMS_PER_USER = 6  # a few tabs; more is a leak or abuse, and each holds a socket

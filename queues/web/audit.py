@@ -10,10 +10,10 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from queues.export import Echo, csv_cell
-from queues.forms import DATETIME_LOCAL, check_range
 from queues.models import AuditEntry
 from queues.permissions import viewer_required
+from queues.web.export import Echo, csv_cell
+from queues.web.forms import DATETIME_LOCAL, check_range
 
 LIST_SIZE = 50
 EXPORT_MAX_ROWS = 100_000  # a year of a busy team's changes; narrow the filter for more

@@ -10,7 +10,6 @@ from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
 
 from queues.engine import bulk
-from queues.forms import BulkConfirmForm, BulkForm
 from queues.models import BulkOperation, Queue
 from queues.permissions import (
     can_administer,
@@ -18,6 +17,7 @@ from queues.permissions import (
     operator_required,
     viewer_required,
 )
+from queues.web.forms import BulkConfirmForm, BulkForm
 
 RECENT_OPERATIONS = 20
 
