@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 urlpatterns = [
-    path("api/v1/", include("queues.api")),
+    path("api/v1/", include("queues.api.urls")),
     path("accounts/", include("queues.web.auth_urls")),
     path("django-admin/", admin.site.urls),
     path("", include("queues.urls")),

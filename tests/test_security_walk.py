@@ -83,17 +83,17 @@ RULES = {
     # Exceptions listed by the spec, and only these.
     "login": Rule("login", None),
     "logout": Rule("logout", None),
-    "api-queues": Rule("token_api", None),
-    "api-enqueue": Rule("token_api", None),
-    "api-item": Rule("token_api", None, {"item_id": "$item"}),
-    "api-openapi": Rule("public", None),
-    "api-bulk-preview": Rule("token_api", None),
-    "api-bulk-start": Rule("token_api", None),
-    "api-bulk": Rule("token_api", None, {"pk": "$bulk"}),
-    "api-bulk-stop": Rule("token_api", None, {"pk": "$bulk"}),
-    "api-queue-pause": Rule("token_api", None, {"action": "pause"}),
-    "api-account-pause": Rule("token_api", None, {"action": "pause"}),
-    "api-global-pause": Rule("token_api", None, {"action": "pause"}),
+    "queues_api:queues": Rule("token_api", None),
+    "queues_api:enqueue": Rule("token_api", None),
+    "queues_api:item": Rule("token_api", None, {"item_id": "$item"}),
+    "queues_api:openapi": Rule("public", None),
+    "queues_api:bulk-preview": Rule("token_api", None),
+    "queues_api:bulk-start": Rule("token_api", None),
+    "queues_api:bulk": Rule("token_api", None, {"pk": "$bulk"}),
+    "queues_api:bulk-stop": Rule("token_api", None, {"pk": "$bulk"}),
+    "queues_api:queue-pause": Rule("token_api", None, {"action": "pause"}),
+    "queues_api:account-pause": Rule("token_api", None, {"action": "pause"}),
+    "queues_api:global-pause": Rule("token_api", None, {"action": "pause"}),
 }
 # Django's admin site checks the Admin role itself (queues.admin_site) for every URL it makes.
 NAMESPACE_RULES = {"admin": Rule("admin_site", ADMIN)}
@@ -117,7 +117,9 @@ def walk(patterns=None, namespace="", kwargs=()):
 
 
 def rule_for(name, namespace) -> Rule | None:
-    return NAMESPACE_RULES.get(namespace.split(":")[0]) if namespace else RULES.get(name)
+    if namespace in NAMESPACE_RULES:
+        return NAMESPACE_RULES[namespace]
+    return RULES.get(name)
 
 
 URLS = [(name, namespace, kwargs) for name, namespace, _, kwargs in walk()
@@ -313,8 +315,8 @@ def test_django_admin_site_edits_need_csrf(clients, sample):
 
 
 def test_health_and_metrics_are_the_only_paths_answered_before_the_urlconf():
-    """They are served by queues.health.ProbeMiddleware, ahead of sessions and the URLconf."""
-    from queues.health import PROBE_PATHS
+    """They are served by queues.ops.health.ProbeMiddleware, ahead of sessions and the URLconf."""
+    from queues.ops.health import PROBE_PATHS
 
     assert set(PROBE_PATHS) == {"/healthz", "/metrics"}
 

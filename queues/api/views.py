@@ -7,11 +7,11 @@ from datetime import datetime, timedelta
 
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import HttpResponse
-from django.urls import path, re_path
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from queues import openapi_document, strictjson
+from queues.api import openapi as openapi_document
+from queues.api import strictjson
 from queues.conf import setting
 from queues.engine import bulk, counters, lifecycle, pausing, tokens
 from queues.models import (
@@ -483,20 +483,3 @@ def openapi(request):
     if request.method != "GET":
         return error_response(ApiError(405, "method_not_allowed", "use GET"))
     return json_response(openapi_document.document())
-
-
-urlpatterns = [
-    path("queues", queue_list, name="api-queues"),
-    path("queues/<str:key>/items", enqueue, name="api-enqueue"),
-    path("items/<int:item_id>", item_detail, name="api-item"),
-    path("queues/<str:key>/bulk/preview", bulk_preview, name="api-bulk-preview"),
-    path("queues/<str:key>/bulk", bulk_start, name="api-bulk-start"),
-    path("bulk/<int:pk>", bulk_detail, name="api-bulk"),
-    path("bulk/<int:pk>/stop", bulk_stop, name="api-bulk-stop"),
-    re_path(r"^queues/(?P<key>[^/]+)/(?P<action>pause|resume)$", queue_pause,
-            name="api-queue-pause"),
-    re_path(r"^queues/(?P<key>[^/]+)/accounts/(?P<action>pause|resume)$", account_pause,
-            name="api-account-pause"),
-    re_path(r"^(?P<action>pause|resume)-all$", global_pause, name="api-global-pause"),
-    path("openapi.json", openapi, name="api-openapi"),
-]

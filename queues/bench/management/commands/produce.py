@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from queues import enqueue_many
 from queues.models import Queue
-from queues.seeding import zipf_counts
+from queues.bench.seeding import zipf_counts
 
 
 class Producer:

@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from queues import seeding
+from queues.bench import seeding
 from queues.engine import counters
 from queues.models import AccountPolicy, Item, Queue
 
