@@ -35,7 +35,7 @@ PROBE_PATHS = ("/healthz", "/metrics")
 class ProbeMiddleware:
     """Answers /healthz and /metrics ahead of every other middleware: probes address a machine
     by IP over plain HTTP, which ALLOWED_HOSTS and the HTTPS redirect would refuse, and need no
-    session. /metrics does its own authorisation (queues.metrics)."""
+    session. /metrics does its own authorisation (queues.ops.metrics)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -44,7 +44,7 @@ class ProbeMiddleware:
         if request.path_info == "/healthz":
             return _probe_response(healthz(request))
         if request.path_info == "/metrics":
-            from queues.metrics import metrics
+            from queues.ops.metrics import metrics
 
             return _probe_response(metrics(request))
         return self.get_response(request)
