@@ -25,11 +25,13 @@ INSTALLED_APPS = [
     "django_q",
     "axes",
     "queues",
+    # Benchmarks, demo data and the demo producer: the standalone project's, not the app's.
+    "queues.bench",
 ]
 
 MIDDLEWARE = [
     # /healthz and /metrics, answered before host checks, the HTTPS redirect and sessions.
-    "queues.health.ProbeMiddleware",
+    "queues.ops.health.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "csp.middleware.CSPMiddleware",
@@ -205,7 +207,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "json": {"()": "queues.jsonlog.JsonFormatter"},
+        "json": {"()": "queues.ops.logs.JsonFormatter"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": CONFIG.log_format}},
     "root": {"handlers": ["console"], "level": "INFO"},

@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from queues import health
+from queues.ops import health
 from queues.web import audit, bulk, pages, pause, stream, tokens
 
 urlpatterns = [

@@ -11,7 +11,7 @@ import requests
 from django.conf import settings
 from django.db import connection
 
-from queues import processes
+from queues.bench import processes
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""queues.bench: the seed port, the fairness simulation and the selector scenario."""
+"""queues.bench.scenarios: the seed port, the fairness simulation and the selector scenario."""
 
 import json
 from io import StringIO
@@ -6,7 +6,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from queues import bench
+from queues.bench import scenarios as bench
 from queues.engine.fairness import plan_batch
 from queues.models import Item, ItemEvent, Status
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from queues import bench
+from queues.bench import scenarios as bench
 from queues.web import queries
 from tests.factories import QueueFactory, enqueued, items_in_status
 

@@ -3,8 +3,8 @@ executions repeated after completion. The run itself is a benchmark, not a test.
 
 import pytest
 
-from queues import bench_workload
-from queues.bench import percentile
+from queues.bench import workload as bench_workload
+from queues.bench.scenarios import percentile
 from queues.engine import handlers, lifecycle
 from queues.models import Status
 from tests.factories import QueueFactory, items_in_status

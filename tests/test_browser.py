@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from queues import processes
+from queues.bench import processes
 from tests.browser import support
 from tests.browser.support import CHROMIUM, CHROMIUM_ARGS, check_accessibility
 

@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db.models import Count
 
-from queues import bench
+from queues.bench import scenarios as bench
 from queues.engine import counters
 from queues.models import AccountPolicy, Item, Queue
 from tests.factories import QueueFactory
@@ -22,7 +22,7 @@ def run(*args):
 
 @pytest.mark.django_db(transaction=True)
 def test_demo_creates_five_queues_items_in_every_status_and_an_admin(tmp_path, monkeypatch):
-    from queues.management.commands import demo
+    from queues.bench.management.commands import demo
 
     monkeypatch.setattr(demo, "CREDENTIALS_FILE", tmp_path / "creds.txt")
     output = run("demo", "--items", "3000", "--accounts", "210")
@@ -40,7 +40,7 @@ def test_demo_creates_five_queues_items_in_every_status_and_an_admin(tmp_path, m
 
 @pytest.mark.django_db(transaction=True)
 def test_demo_run_twice_keeps_data_and_credentials(tmp_path, monkeypatch):
-    from queues.management.commands import demo
+    from queues.bench.management.commands import demo
 
     monkeypatch.setattr(demo, "CREDENTIALS_FILE", tmp_path / "creds.txt")
     first = run("demo", "--items", "500", "--accounts", "20")
@@ -106,7 +106,7 @@ def test_bench_refuses_a_batch_over_the_enqueue_limit():
 def test_the_producer_puts_a_seconds_worth_of_items_on_open_queues():
     import random
 
-    from queues.management.commands.produce import Producer
+    from queues.bench.management.commands.produce import Producer
 
     queues = [QueueFactory(key="mail").key, QueueFactory(key="hooks").key]
     producer = Producer(queues, rate=40, accounts=50, rng=random.Random(3))

@@ -18,11 +18,11 @@ from django.core.management import get_commands
 
 from queueadmin import config
 from queueadmin.config import ConfigError
-from queues import processes
+from queues.bench import processes
 from queues.engine import sweeper, worker
 from queues.engine.logfields import item_fields
-from queues.jsonlog import JsonFormatter
 from queues.models import ClusterHeartbeat, Item
+from queues.ops.logs import JsonFormatter
 from tests.factories import QueueFactory, items_in_status
 
 ROOT = Path(settings.BASE_DIR)
@@ -197,7 +197,8 @@ def test_the_sweeper_logs_each_lost_item_with_its_queue_item_and_account(caplog)
     Item.objects.filter(pk=item.pk).update(updated_at=timezone.now() - timedelta(days=1))
     with caplog.at_level(logging.WARNING, logger="queues.engine.sweeper"):
         sweeper.run(seconds=5)
-    (line,) = [r for r in caplog.records if r.name == "queues.engine.sweeper" and "lost" in r.message]
+    (line,) = [r for r in caplog.records
+               if r.name == "queues.engine.sweeper" and "lost" in r.message]
     assert (line.queue, line.item, line.account) == ("emails", item.pk, "acme")
 
 

@@ -26,10 +26,11 @@ from django.db.models import Count
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule, Task
 
-from queues import enqueue_many, processes
+from queues import enqueue_many
+from queues.bench import processes
 from queues.engine import selector, sweeper
-from queues.health import SELECTOR_SCHEDULE
 from queues.models import Attempt, Item, ItemEvent, Queue, Status, SweepRun
+from queues.ops.health import SELECTOR_SCHEDULE
 from tests.factories import QueueFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -11,7 +11,9 @@ from datetime import timedelta
 
 import pytest
 
-from queues import bench, enqueue_many, processes
+from queues import enqueue_many
+from queues.bench import processes
+from queues.bench import scenarios as bench
 from queues.models import Attempt, ClusterHeartbeat, Item, ItemEvent, Status
 from tests.factories import QueueFactory
 

@@ -9,7 +9,9 @@ from datetime import timedelta
 import pytest
 from django.db.models import Count
 
-from queues import bench, enqueue_many, processes
+from queues import enqueue_many
+from queues.bench import processes
+from queues.bench import scenarios as bench
 from queues.engine import sweeper
 from queues.models import Attempt, DeadLetter, Item, ItemEvent, SelectorRound, Status
 from tests.factories import QueueFactory

@@ -10,8 +10,8 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from queues.engine import heartbeat
-from queues.health import SELECTOR_SCHEDULE
 from queues.models import ClusterHeartbeat, SweepRun
+from queues.ops.health import SELECTOR_SCHEDULE
 
 pytestmark = pytest.mark.django_db
 
@@ -63,7 +63,7 @@ def test_healthz_reports_an_overdue_selector_schedule_and_a_late_sweeper(client)
 
 
 def test_healthz_answers_503_not_500_when_the_database_is_unreachable(client):
-    with mock.patch("queues.health.report", side_effect=OperationalError("connection refused")):
+    with mock.patch("queues.ops.health.report", side_effect=OperationalError("connection refused")):
         response = client.get("/healthz")
     assert response.status_code == 503
     assert response.json() == {"status": "unavailable", "database": "unreachable"}

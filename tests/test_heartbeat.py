@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from queues import processes
+from queues.bench import processes
 from queues.engine import heartbeat, sweeper
 from queues.models import ClusterHeartbeat
 

@@ -136,7 +136,7 @@ def test_metrics_answer_a_scraper_that_addresses_the_machine_by_ip(client, token
 
 
 def test_metrics_answer_503_when_the_database_is_unreachable(client, token):
-    with mock.patch("queues.metrics.counters.status_counts",
+    with mock.patch("queues.ops.metrics.counters.status_counts",
                     side_effect=OperationalError("down")):
         response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert response.status_code == 503

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from queues import processes
+from queues.bench import processes
 from tests.browser import support
 from tests.browser.support import CHROMIUM, CHROMIUM_ARGS
 

@@ -4,7 +4,7 @@ from collections import Counter
 import pytest
 from django.db.models import Count
 
-from queues import seeding
+from queues.bench import seeding
 from queues.engine import counters
 from queues.models import (
     Attempt,

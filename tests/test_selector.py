@@ -1,4 +1,5 @@
-"""queues.engine.selector: one fair round per queue, claimed atomically, one worker task per batch."""
+"""queues.engine.selector: one fair round per queue, claimed atomically, one worker task per
+batch."""
 
 import threading
 from datetime import timedelta

@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 
-from queues import bench
+from queues.bench import scenarios as bench
 
 
 @pytest.mark.postgres

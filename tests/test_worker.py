@@ -10,7 +10,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from queues import enqueue_many, processes
+from queues import enqueue_many
+from queues.bench import processes
 from queues.engine import handlers, heartbeat, lifecycle, selector
 from queues.engine.handlers import PermanentError, RetryableError
 from queues.engine.worker import run_batch

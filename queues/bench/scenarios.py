@@ -20,7 +20,7 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
-from queues import processes, seeding
+from queues.bench import processes, seeding
 from queues.engine import counters, fairness, lifecycle, selector
 from queues.models import READY_STATUSES, Item, Queue
 
@@ -357,7 +357,7 @@ def run_throughput(*, items: int, accounts: int, clusters: int, bare_items: int,
         first = OrmQ.objects.order_by("-id").values_list("id", flat=True).first() or 0
         started = time.perf_counter()
         for n in range(bare_items):
-            async_task("queues.bench.bare_noop", n)
+            async_task("queues.bench.scenarios.bare_noop", n)
         enqueued = time.perf_counter() - started
         done = processes.wait_for(lambda: not OrmQ.objects.filter(id__gt=first).exists(), timeout)
         elapsed = time.perf_counter() - started

@@ -32,8 +32,8 @@ from pathlib import Path
 from django.db.models import Min
 from django.utils import timezone
 
-from queues import processes
-from queues.bench import Report, bench_queue, percentile
+from queues.bench import processes
+from queues.bench.scenarios import Report, bench_queue, percentile
 from queues.engine import handlers, lifecycle
 from queues.models import Attempt, Item, ItemEvent, Queue, Status
 
@@ -260,13 +260,13 @@ def _bare(work: list[dict], clusters: int, completions: Path, log) -> float:
     def ended() -> int:
         returned = sum(1 for line in completions.read_text().splitlines()
                        if line.startswith("bare-"))
-        return returned + Task.objects.filter(func="queues.bench_workload.bare_work",
+        return returned + Task.objects.filter(func="queues.bench.workload.bare_work",
                                               success=False, started__gte=before).count()
 
     try:
         started = time.perf_counter()
         for number, task_work in enumerate(work):
-            async_task("queues.bench_workload.bare_work", number, task_work, str(completions))
+            async_task("queues.bench.workload.bare_work", number, task_work, str(completions))
         target = math.ceil(FINISHED_SHARE * len(work))
         processes.wait_for(lambda: ended() >= target, 900, interval=0.2)
         elapsed = time.perf_counter() - started

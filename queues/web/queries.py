@@ -1,8 +1,8 @@
 """What the dashboard pages show, read with a fixed number of short, indexed queries per page.
 
-Nothing here counts millions of rows: status counts come from queues.engine.counters, item lists walk
-an index by keyset, filtered totals stop counting at 10,001, and per-account figures are read
-only for the accounts on the page.
+Nothing here counts millions of rows: status counts come from queues.engine.counters, item
+lists walk an index by keyset, filtered totals stop counting at 10,001, and per-account figures
+are read only for the accounts on the page.
 """
 
 import re

@@ -1,11 +1,11 @@
 """The live stream pages: a table of item events that grows at the top as they happen.
 
 Under an ASGI server (uvicorn) the page holds a server-sent-events connection to `stream_events`,
-an async view fed by the per-process hub in queues.engine.stream. Under WSGI a request cannot stay open
-without holding a worker thread, so the page polls `stream_rows` every 2 seconds instead and
-says so. Either way the page keeps its position (a queues.engine.stream.Cursor) in a data attribute and
-sends it back, so that a reconnect, a server restart or a poll shows nothing twice and skips
-nothing.
+an async view fed by the per-process hub in queues.engine.stream. Under WSGI a request cannot
+stay open without holding a worker thread, so the page polls `stream_rows` every 2 seconds
+instead and says so. Either way the page keeps its position (a queues.engine.stream.Cursor) in a
+data attribute and sends it back, so that a reconnect, a server restart or a poll shows nothing
+twice and skips nothing.
 """
 
 import time

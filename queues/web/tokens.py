@@ -1,6 +1,6 @@
 """API tokens in the dashboard, for Admins: the list, a create form whose response shows the
-secret once (never stored, redirected or put in a message), and revoke. queues.engine.tokens does the
-work and writes the audit entries."""
+secret once (never stored, redirected or put in a message), and revoke. queues.engine.tokens
+does the work and writes the audit entries."""
 
 from django import forms
 from django.shortcuts import get_object_or_404, redirect, render

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 from django.conf import settings
 from django.db import connection
 
-from queues import processes
+from queues.bench import processes
 from tests.browser.seed import PASSWORD
 
 AXE_DIR = settings.BASE_DIR / "var" / "axe"

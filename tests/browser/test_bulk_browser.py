@@ -4,7 +4,7 @@ range and status, confirm, watch the operation finish; then cancel a selection o
 
 import pytest
 
-from queues import processes
+from queues.bench import processes
 from tests.browser.support import (
     CHROMIUM,
     CHROMIUM_ARGS,

@@ -9,7 +9,7 @@ can stop and start on the same port, which the dashboard's module-scoped server 
 import pytest
 import requests
 
-from queues import processes
+from queues.bench import processes
 from tests.browser.support import (
     CHROMIUM,
     CHROMIUM_ARGS,

@@ -1,8 +1,8 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from queues.bench import workload as bench_workload
 from queues.bench import scenarios as bench
+from queues.bench import workload as bench_workload
 
 
 class Command(BaseCommand):

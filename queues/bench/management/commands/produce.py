@@ -5,8 +5,8 @@ from itertools import count
 from django.core.management.base import BaseCommand, CommandError
 
 from queues import enqueue_many
-from queues.models import Queue
 from queues.bench.seeding import zipf_counts
+from queues.models import Queue
 
 
 class Producer:
