@@ -4,7 +4,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY queueadmin ./queueadmin
 COPY queues ./queues
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[server]"
 COPY . .
 # collectstatic with production settings, so that WhiteNoise's compressed, hashed files and
 # their manifest exist; it needs no database, and the key below signs nothing.

@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 from queueadmin import config
+from queues.conf import q_cluster
 
 CONFIG = config.load()
 BASE_DIR = config.BASE_DIR
@@ -61,7 +62,6 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "queues.permissions.roles",
             ],
         },
     },
@@ -161,23 +161,13 @@ CONTENT_SECURITY_POLICY = {
     },
 }
 
-# django-q2 runs QueueAdmin's schedules and worker tasks. QueueAdmin owns retries (attempts,
-# backoff, dead letters), so the broker must never redeliver on its own: one attempt, failures
-# acknowledged, retry longer than the timeout, and no catch-up burst of missed schedules.
-Q_CLUSTER = {
-    "name": "queueadmin",
-    "orm": "default",
+# django-q2 runs QueueAdmin's schedules and worker tasks, with the settings the app requires
+# (queues.conf.q_cluster: QueueAdmin owns retries, so the broker never redelivers on its own).
+Q_CLUSTER = q_cluster(
     # One worker of one cluster runs the selector loop; the others run batches.
-    "workers": CONFIG.workers,
-    "timeout": CONFIG.q_timeout_seconds,
-    "retry": CONFIG.q_timeout_seconds + 60,
-    "max_attempts": 1,
-    "ack_failures": True,
-    "catch_up": False,
-    "save_limit": 1000,
-    # django-q2's own default: a dispatched batch waits for a worker about 0.1 s on average.
-    "poll": 0.2,
-}
+    workers=CONFIG.workers,
+    timeout=CONFIG.q_timeout_seconds,
+)
 
 QUEUEADMIN = {
     # Default stale threshold for new queues: a running item older than this is presumed lost.

@@ -58,3 +58,28 @@ def queue_timeouts_fit_the_task_timeout(app_configs, databases=None, **kwargs):
         for key, timeout in Queue.objects.values_list("key", "handler_timeout")
         if (error := handler_timeout_error(timeout.total_seconds()))
     ]
+
+
+@checks.register()
+def the_project_provides_what_the_app_uses(app_configs, **kwargs):
+    """A host project includes QueueAdmin with a few lines of its own settings; name the one
+    missing rather than fail on a page with an AttributeError."""
+    from django.apps import apps
+
+    problems = [
+        checks.Error(f"{app!r} must be in INSTALLED_APPS: QueueAdmin {why}.", id="queues.E006")
+        for app, why in (("django_q", "runs its worker tasks and schedules on django-q2"),
+                         ("django_htmx", "serves htmx from django-htmx's static files"))
+        if not apps.is_installed(app)
+    ]
+    if "django_htmx.middleware.HtmxMiddleware" not in settings.MIDDLEWARE:
+        problems.append(checks.Error(
+            "'django_htmx.middleware.HtmxMiddleware' must be in MIDDLEWARE: the dashboard "
+            "answers htmx requests with fragments.", id="queues.E007"))
+    processors = [processor for engine in settings.TEMPLATES
+                  for processor in engine.get("OPTIONS", {}).get("context_processors", ())]
+    if "django.template.context_processors.request" not in processors:
+        problems.append(checks.Error(
+            "'django.template.context_processors.request' must be among the template context "
+            "processors: the dashboard's templates read the request.", id="queues.E008"))
+    return problems

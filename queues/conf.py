@@ -36,6 +36,28 @@ DEFAULTS = {
 }
 
 
+def q_cluster(**overrides) -> dict:
+    """The django-q2 settings QueueAdmin needs, for a project's `Q_CLUSTER`. QueueAdmin owns
+    retries (attempts, backoff, dead letters), so the broker must never redeliver on its own: one
+    attempt, failures acknowledged, retry longer than the timeout, no catch-up burst of missed
+    schedules; the task timeout leaves the selector loop a whole minute's tick."""
+    timeout = overrides.get("timeout", DEFAULT_TASK_TIMEOUT_SECONDS)
+    return {
+        "name": "queueadmin",
+        "orm": "default",
+        "workers": 4,
+        "timeout": timeout,
+        "retry": timeout + 60,
+        "max_attempts": 1,
+        "ack_failures": True,
+        "catch_up": False,
+        "save_limit": 1000,
+        # django-q2's own default: a dispatched batch waits for a worker about 0.1 s on average.
+        "poll": 0.2,
+        **overrides,
+    }
+
+
 def setting(name: str):
     if name == "TASK_TIMEOUT_SECONDS":
         return task_timeout_seconds()

@@ -10,6 +10,7 @@ from functools import wraps
 from django.contrib.auth.models import Group, Permission
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
+from django.shortcuts import render
 from django_htmx.http import HttpResponseClientRedirect
 
 VIEWER, OPERATOR, ADMIN = "Viewer", "Operator", "Admin"
@@ -93,3 +94,9 @@ def grant_admin_permissions(**kwargs):
     for app_label, models in ADMIN_MODEL_PERMISSIONS.items():
         group.permissions.add(*Permission.objects.filter(
             content_type__app_label=app_label, content_type__model__in=models))
+
+
+def render_page(request, template: str, context: dict | None = None, **kwargs):
+    """django.shortcuts.render with what the signed-in user may do, so that templates show only
+    that; a host project needs no context processor of ours."""
+    return render(request, template, {**roles(request), **(context or {})}, **kwargs)

@@ -3,6 +3,8 @@ from django.urls import path, re_path
 from queues.ops import health
 from queues.web import audit, bulk, pages, pause, stream, tokens
 
+app_name = "queues"
+
 urlpatterns = [
     path("", pages.overview, name="overview"),
     path("queues/<str:key>/", pages.queue_items, name="queue_items"),

@@ -64,3 +64,23 @@ def test_a_queue_form_refuses_a_handler_timeout_the_batch_cannot_give():
                                handler_timeout=timedelta(seconds=290))
     with pytest.raises(ValidationError, match="handler timeout must be at most"):
         queue.full_clean()
+
+
+def test_the_project_settings_provide_what_the_app_uses():
+    assert checks.the_project_provides_what_the_app_uses(None) == []
+
+
+def test_it_names_the_missing_htmx_middleware_and_request_context_processor(settings):
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "htmx" not in m]
+    settings.TEMPLATES = [{**engine, "OPTIONS": {"context_processors": []}}
+                          for engine in settings.TEMPLATES]
+    assert [e.id for e in checks.the_project_provides_what_the_app_uses(None)] == [
+        "queues.E007", "queues.E008"]
+
+
+def test_the_recommended_django_q_settings_pass_the_queue_checks(settings):
+    from queues.conf import q_cluster
+
+    settings.Q_CLUSTER = q_cluster(timeout=200)
+    assert checks.django_q_leaves_retries_to_queueadmin(None) == []
+    assert checks.the_selector_loop_fits_in_the_task_timeout(None) == []

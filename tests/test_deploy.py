@@ -98,8 +98,8 @@ def test_the_image_collects_static_files_with_production_settings(tmp_path):
                    env={"PATH": "/usr/bin:/bin", **env,
                         "DATABASE_URL": f"sqlite:///{tmp_path}/build.sqlite3"})
     manifest = json.loads((tmp_path / "staticfiles.json").read_text())
-    assert "css/dashboard.css" in manifest["paths"]
-    assert (tmp_path / (manifest["paths"]["css/dashboard.css"] + ".gz")).exists()
+    assert "queues/css/dashboard.css" in manifest["paths"]
+    assert (tmp_path / (manifest["paths"]["queues/css/dashboard.css"] + ".gz")).exists()
 
 
 # --- settings -----------------------------------------------------------------------------------

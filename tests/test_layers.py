@@ -109,10 +109,11 @@ def test_every_stored_task_path_still_resolves_as_django_q2_resolves_it(path):
 
 
 def test_the_public_names_of_the_spec_still_import():
-    from queues import enqueue, enqueue_many  # noqa: F401
-    from queues.engine import fairness, handlers
     from queues.fairness import plan_batch
     from queues.handlers import PermanentError, RetryableError, handler
+
+    from queues import enqueue, enqueue_many  # noqa: F401
+    from queues.engine import fairness, handlers
 
     assert plan_batch is fairness.plan_batch
     assert (handler, RetryableError, PermanentError) == (

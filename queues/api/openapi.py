@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 description of /api/v1/, served at /api/v1/openapi.json.
+"""The OpenAPI 3.1 description of the JSON API, served beside it as openapi.json.
 
 tests/test_api_openapi.py keeps it true: every route is described, and every response the tests
 receive validates against the schema described for its status.
@@ -53,7 +53,9 @@ COMMON_ERRORS = {
 }
 
 
-def document() -> dict:
+def document(server: str = "/api/v1") -> dict:
+    """The description of the API as mounted at `server` (the path its routes are included at,
+    without the trailing slash)."""
     limits = {key: setting(key) for key in DEFAULTS}
     new_item = {
         "type": "object",
@@ -122,7 +124,7 @@ def document() -> dict:
                            "`{\"error\": {\"code\", \"message\", \"fields\"}}` with a 4xx "
                            "status, and a refused request writes nothing.",
         },
-        "servers": [{"url": "/api/v1"}],
+        "servers": [{"url": server}],
         "security": [{"bearer": []}],
         "paths": {
             "/queues": {"get": {

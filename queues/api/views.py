@@ -1,5 +1,6 @@
-"""The JSON API under /api/v1/: bearer tokens, no session, no CSRF, and a strict bad-input
-contract: every refusal is a JSON error with a 4xx status, and nothing is written."""
+"""The JSON API (at /api/v1/ in the standalone project): bearer tokens, no session, no CSRF,
+and a strict bad-input contract: every refusal is a JSON error with a 4xx status, and nothing
+is written."""
 
 import functools
 import json
@@ -7,6 +8,7 @@ from datetime import datetime, timedelta
 
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import HttpResponse
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
@@ -482,4 +484,6 @@ def openapi(request):
     """The API's description; public like any API reference, and it reads no data."""
     if request.method != "GET":
         return error_response(ApiError(405, "method_not_allowed", "use GET"))
-    return json_response(openapi_document.document())
+    # The API is wherever the project included its routes, so the document says where.
+    root = reverse("queues_api:openapi").removesuffix("/openapi.json")
+    return json_response(openapi_document.document(server=root))

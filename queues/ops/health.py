@@ -12,7 +12,6 @@ from datetime import datetime, timedelta
 from django.db import DatabaseError, connection
 from django.db.models import Max
 from django.http import JsonResponse
-from django.shortcuts import render
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET
@@ -21,7 +20,7 @@ from django.views.decorators.vary import vary_on_headers
 from queues.engine import heartbeat
 from queues.engine.schedules import SCHEDULES
 from queues.models import ClusterHeartbeat, SelectorState, SweepRun
-from queues.permissions import viewer_required
+from queues.permissions import render_page, viewer_required
 
 # The sweeper runs every 5 minutes (a run may take 4): three missed runs is a problem.
 SWEEPER_LATE_AFTER = timedelta(minutes=15)
@@ -131,4 +130,4 @@ def workers_page(request):
     context = {"clusters": clusters, "now": now, "alive": sum(not c.stale for c in clusters),
                "stale_after": int(heartbeat.STALE_AFTER.total_seconds())}
     template = "queues/_workers_table.html" if request.htmx else "queues/workers.html"
-    return render(request, template, context)
+    return render_page(request, template, context)

@@ -6,12 +6,11 @@ import csv
 
 from django import forms
 from django.http import StreamingHttpResponse
-from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from queues.models import AuditEntry
-from queues.permissions import viewer_required
+from queues.permissions import render_page, viewer_required
 from queues.web.export import Echo, csv_cell
 from queues.web.forms import DATETIME_LOCAL, check_range
 
@@ -58,12 +57,12 @@ class AuditFilterForm(forms.Form):
 def audit_log(request):
     form = AuditFilterForm(request.GET)
     if not form.is_valid():
-        return render(request, "queues/audit.html", {"form": form, "entries": []}, status=400)
+        return render_page(request, "queues/audit.html", {"form": form, "entries": []}, status=400)
     entries = form.entries()
     if form.cleaned_data["before"]:
         entries = entries.filter(id__lt=form.cleaned_data["before"])
     page = list(entries[:LIST_SIZE + 1])
-    return render(request, "queues/audit.html", {
+    return render_page(request, "queues/audit.html", {
         "entries": page[:LIST_SIZE], "form": form,
         "next_before": page[LIST_SIZE - 1].pk if len(page) > LIST_SIZE else None})
 
@@ -96,7 +95,7 @@ def _rows(entries):
 def audit_export(request):
     form = AuditFilterForm(request.GET)
     if not form.is_valid():
-        return render(request, "queues/audit.html", {"form": form, "entries": []}, status=400)
+        return render_page(request, "queues/audit.html", {"form": form, "entries": []}, status=400)
     response = StreamingHttpResponse(_rows(form.entries()), content_type="text/csv")
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.csv"'

@@ -3,7 +3,7 @@ progress. The work itself is queues.engine.bulk; these views parse, check roles 
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseBadRequest
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
@@ -15,6 +15,7 @@ from queues.permissions import (
     can_administer,
     can_operate,
     operator_required,
+    render_page,
     viewer_required,
 )
 from queues.web.forms import BulkConfirmForm, BulkForm
@@ -59,8 +60,8 @@ def bulk_page(request, key):
         else:
             status = 422
     if request.htmx:
-        return render(request, "queues/_bulk_preview.html", context, status=status)
-    return render(request, "queues/bulk.html", context, status=status)
+        return render_page(request, "queues/_bulk_preview.html", context, status=status)
+    return render_page(request, "queues/bulk.html", context, status=status)
 
 
 @require_POST
@@ -82,9 +83,9 @@ def bulk_start(request, key):
                                filter_hash=form.cleaned_data["filter_hash"], actor=request.user)
     except bulk.StalePreview as stale:
         context = _preview_context(queue, stale.fresh) | {"stale": True}
-        return render(request, "queues/_bulk_preview.html", context, status=409)
+        return render_page(request, "queues/_bulk_preview.html", context, status=409)
     except bulk.BulkError as error:
-        return render(request, "queues/_bulk_preview.html",
+        return render_page(request, "queues/_bulk_preview.html",
                       {"queue": queue, "error": error.message}, status=422)
     if request.htmx:
         return HttpResponseClientRedirect(operation_url(operation))
@@ -92,7 +93,7 @@ def bulk_start(request, key):
 
 
 def operation_url(operation: BulkOperation) -> str:
-    return reverse("bulk_operation", args=[operation.queue.key, operation.pk])
+    return reverse("queues:bulk_operation", args=[operation.queue.key, operation.pk])
 
 
 @require_GET
@@ -103,7 +104,7 @@ def bulk_operation(request, key, pk):
                                   queue__key=key)
     context = {"queue": operation.queue, "operation": operation}
     template = "queues/_bulk_progress.html" if request.htmx else "queues/bulk_operation.html"
-    response = render(request, template, context)
+    response = render_page(request, template, context)
     if request.htmx and operation.finished:
         response = trigger_client_event(response, "queueadmin:changed", {"bulk": pk})
     return response
@@ -117,6 +118,6 @@ def bulk_stop(request, key, pk):
     bulk.stop(operation, actor=request.user)
     operation.refresh_from_db()
     if request.htmx:
-        return render(request, "queues/_bulk_progress.html",
+        return render_page(request, "queues/_bulk_progress.html",
                       {"queue": operation.queue, "operation": operation})
     return redirect(operation_url(operation))

@@ -4,7 +4,7 @@ and one template renders the page or, for htmx requests, just the fragment that 
 from django.contrib import messages
 from django.db import transaction
 from django.http import Http404, StreamingHttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
@@ -19,7 +19,7 @@ from queues.models import (
     SweepRun,
     UserPreference,
 )
-from queues.permissions import can_operate, operator_required, viewer_required
+from queues.permissions import can_operate, operator_required, render_page, viewer_required
 from queues.web import export, masking, queries
 from queues.web.forms import (
     PERIODS,
@@ -41,7 +41,7 @@ LIST_SIZE = 50
 
 
 def _page_or_fragment(request, page: str, fragment: str, context: dict, status: int = 200):
-    return render(request, fragment if request.htmx else page, context, status=status)
+    return render_page(request, fragment if request.htmx else page, context, status=status)
 
 
 @require_GET
@@ -83,9 +83,9 @@ def item_detail(request, pk):
     item = get_object_or_404(Item.objects.select_related("queue"), pk=pk)
     now = timezone.now()
     if request.htmx:
-        return render(request, "queues/_item_summary.html",
+        return render_page(request, "queues/_item_summary.html",
                       {"detail": queries.item_detail(item, now), "now": now})
-    return render(request, "queues/item_detail.html", {
+    return render_page(request, "queues/item_detail.html", {
         "detail": queries.item_detail(item, now), "now": now,
         "payload": masking.payload_for(request.user, item),
         "queue_counts": counters.status_counts([item.queue_id])[item.queue_id]})
@@ -107,10 +107,10 @@ def item_action(request, pk, action):
                f"Cannot {action.replace('-', ' ')} this item: {result.skipped.get(pk)}.")
     if not request.htmx:
         (messages.success if done else messages.error)(request, message)
-        return redirect("item_detail", pk=pk)
+        return redirect("queues:item_detail", pk=pk)
     item.refresh_from_db()
     now = timezone.now()
-    response = render(request, "queues/_item_summary.html",
+    response = render_page(request, "queues/_item_summary.html",
                       {"detail": queries.item_detail(item, now), "now": now,
                        "message": message, "message_ok": done}, status=200 if done else 409)
     return trigger_client_event(response, CHANGED_EVENT, {"item": pk})
@@ -121,7 +121,7 @@ def item_action(request, pk, action):
 def queue_counts(request, key):
     """The queue's counts strip; pages re-fetch it after an action and on every tick."""
     queue = get_object_or_404(Queue, key=key)
-    return render(request, "queues/_queue_counts.html", {
+    return render_page(request, "queues/_queue_counts.html", {
         "queue": queue, "counts": counters.status_counts([queue.pk])[queue.pk],
         "now": timezone.now()})
 
@@ -131,7 +131,7 @@ def queue_counts(request, key):
 def queue_errors(request, key):
     queue = get_object_or_404(Queue, key=key)
     groups, read = queries.error_groups(queue)
-    return render(request, "queues/errors.html",
+    return render_page(request, "queues/errors.html",
                   {"queue": queue, "groups": groups, "read": read,
                    "sample": queries.ERROR_SAMPLE})
 
@@ -156,7 +156,7 @@ def search(request):
     results, exact = [], True
     if form.is_valid():
         results, exact = queries.search_identifier(form.cleaned_data["q"], LIST_SIZE)
-    return render(request, "queues/search.html",
+    return render_page(request, "queues/search.html",
                   {"form": form, "results": results, "exact": exact, "now": timezone.now()})
 
 
@@ -177,14 +177,14 @@ def run_selector(request):
     form = RunSelectorForm(request.POST)
     if not form.is_valid():
         messages.error(request, "Choose a queue.")
-        return redirect("activity")
+        return redirect("queues:activity")
     queue = form.cleaned_data["queue"]
     result = selector.run_round(queue)
     audit.record(request.user, "selector.run", queue_key=queue.key, target=f"queue {queue.key}",
                  counts={"dispatched": result.total, "accounts": len(result.taken)})
     messages.info(request, f"Selector round on {queue.key}: dispatched {result.total} items"
                   + (f" ({result.skipped})" if result.skipped else "") + ".")
-    return redirect("activity")
+    return redirect("queues:activity")
 
 
 @require_POST
@@ -195,7 +195,7 @@ def run_sweeper(request):
     audit.record(request.user, "sweeper.run", target="sweeper", counts=counts or {})
     messages.info(request, "Another sweeper run is in progress." if counts is None else
                   f"Sweeper run: {counts or 'nothing to do'}.")
-    return redirect("activity")
+    return redirect("queues:activity")
 
 
 @require_GET
@@ -216,7 +216,7 @@ def dead_letters(request):
     if data.get("before"):
         letters = letters.filter(id__lt=data["before"])
     page = list(letters.order_by("-id")[:LIST_SIZE + 1])
-    return render(request, "queues/dead_letters.html", {
+    return render_page(request, "queues/dead_letters.html", {
         "letters": page[:LIST_SIZE], "form": form, "now": timezone.now(), "queue": queue,
         "next_before": page[LIST_SIZE - 1].pk if len(page) > LIST_SIZE else None})
 
@@ -232,8 +232,8 @@ def preferences(request):
                                                 defaults={"time_zone": time_zone})
         request.session[SESSION_KEY] = time_zone
         messages.success(request, f"Times are now shown in {time_zone}.")
-        return redirect("preferences")
-    return render(request, "preferences.html", {"form": form},
+        return redirect("queues:preferences")
+    return render_page(request, "queues/preferences.html", {"form": form},
                   status=400 if form.is_bound else 200)
 
 
@@ -244,8 +244,8 @@ def queue_export(request, key, fmt):
     queue = get_object_or_404(Queue, key=key)
     form = ItemFilterForm(request.GET)
     if not form.is_valid():
-        return render(request, "queues/items.html", {"queue": queue, "form": form, "page": None,
-                                                     "now": timezone.now()}, status=400)
+        return render_page(request, "queues/items.html", {
+            "queue": queue, "form": form, "page": None, "now": timezone.now()}, status=400)
     masked = not can_operate(request.user)
     if fmt == "csv":
         response = StreamingHttpResponse(

@@ -2,13 +2,13 @@
 answers htmx with the updated control and an event that refreshes counts and badges."""
 
 from django import forms
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 from django_htmx.http import trigger_client_event
 
 from queues.engine import pausing
 from queues.models import MAX_ACCOUNT_LENGTH, Queue
-from queues.permissions import operator_required
+from queues.permissions import operator_required, render_page
 
 CHANGED_EVENT = "queueadmin:changed"
 
@@ -20,7 +20,7 @@ class AccountForm(forms.Form):
 def _answer(request, template: str, context: dict, fallback: str):
     if not request.htmx:
         return redirect(fallback)
-    return trigger_client_event(render(request, template, context), CHANGED_EVENT, {})
+    return trigger_client_event(render_page(request, template, context), CHANGED_EVENT, {})
 
 
 @require_POST
@@ -38,7 +38,7 @@ def account_pause(request, key, action):
     queue = get_object_or_404(Queue, key=key)
     form = AccountForm(request.POST)
     if not form.is_valid():
-        return render(request, "queues/_form_errors.html", {"form": form}, status=422)
+        return render_page(request, "queues/_form_errors.html", {"form": form}, status=422)
     account = form.cleaned_data["account"]
     pausing.set_account_paused(queue, account, action == "pause", actor=request.user)
     return _answer(request, "queues/_account_pause.html",

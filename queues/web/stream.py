@@ -16,7 +16,7 @@ from asgiref.sync import sync_to_async
 from django import forms
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -26,7 +26,7 @@ from django.views.decorators.http import require_GET
 from queues.engine import stream
 from queues.engine.stream import Cursor, Filters
 from queues.models import MAX_ACCOUNT_LENGTH, Queue, Status
-from queues.permissions import VIEWER, has_role, viewer_required
+from queues.permissions import VIEWER, has_role, render_page, viewer_required
 from queues.web.middleware import SESSION_KEY
 
 HEARTBEAT_SECONDS = 15.0  # a comment line this often keeps proxies from closing an idle stream
@@ -66,7 +66,9 @@ class StreamFilterForm(forms.Form):
 
 
 def _url(name: str, queue: Queue | None) -> str:
-    return reverse(name, args=[queue.key]) if queue else reverse(name.replace("queue_", "all_"))
+    if queue:
+        return reverse(f"queues:{name}", args=[queue.key])
+    return reverse(f"queues:{name.replace('queue_', 'all_')}")
 
 
 def _queue_keys() -> dict[int, str]:
@@ -100,7 +102,8 @@ def stream_page(request, key=None):
     queue = get_object_or_404(Queue, key=key) if key else None
     form = StreamFilterForm(request.GET)
     if not form.is_valid():
-        return render(request, "queues/stream.html", {"queue": queue, "form": form}, status=400)
+        return render_page(request, "queues/stream.html", {"queue": queue, "form": form},
+                           status=400)
     live = isinstance(request, ASGIRequest)
     query = request.GET.urlencode()
     context = {
@@ -117,7 +120,7 @@ def stream_page(request, key=None):
         # Rendered by an autoescaping template.
         context["rows"] = mark_safe(render_rows(newest_first, _queue_keys(), queue is None))  # noqa: S308
         context["position"] = position.encode()
-    return render(request, "queues/stream.html", context)
+    return render_page(request, "queues/stream.html", context)
 
 
 @require_GET

@@ -3,7 +3,7 @@ secret once (never stored, redirected or put in a message), and revoke. queues.e
 does the work and writes the audit entries."""
 
 from django import forms
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -11,7 +11,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from queues.engine import tokens
 from queues.models import ApiToken, Queue
-from queues.permissions import admin_required
+from queues.permissions import admin_required, render_page
 
 LIST_SIZE = 200
 
@@ -33,7 +33,7 @@ class TokenForm(forms.Form):
 def _list(request, form, status=200):
     listed = (ApiToken.objects.select_related("created_by").prefetch_related("queues")
               .order_by("-created_at")[:LIST_SIZE])
-    return render(request, "queues/tokens.html", {"tokens": listed, "form": form},
+    return render_page(request, "queues/tokens.html", {"tokens": listed, "form": form},
                   status=status)
 
 
@@ -54,7 +54,7 @@ def token_create(request):
     token, secret = tokens.create(
         data["name"], queue_keys=[queue.key for queue in data["queues"]],
         all_queues=data["all_queues"], actor=request.user)
-    return render(request, "queues/token_created.html", {"token": token, "secret": secret},
+    return render_page(request, "queues/token_created.html", {"token": token, "secret": secret},
                   status=201)
 
 
@@ -63,5 +63,5 @@ def token_create(request):
 def token_revoke(request, pk):
     tokens.revoke(get_object_or_404(ApiToken, pk=pk), actor=request.user)
     if request.htmx:
-        return HttpResponseClientRedirect(reverse("tokens"))
-    return redirect("tokens")
+        return HttpResponseClientRedirect(reverse("queues:tokens"))
+    return redirect("queues:tokens")

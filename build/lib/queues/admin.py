@@ -1,0 +1,119 @@
+from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
+
+from queues.engine import audit
+from queues.models import AccountPolicy, DeadLetter, Item, Queue
+
+
+class AuditedAdmin(admin.ModelAdmin):
+    """Edits made through Django's admin site land in the audit log like every other
+    mutation."""
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        audit.record(request.user, "admin.change" if change else "admin.add",
+                     queue_key=_queue_key(obj), target=f"{obj._meta.model_name}:{obj}",
+                     filter={"fields": form.changed_data}, counts={"rows": 1})
+
+    def save_formset(self, request, form, formset, change):
+        super().save_formset(request, form, formset, change)
+        changed = len(formset.new_objects) + len(formset.changed_objects)
+        if changed or formset.deleted_objects:
+            audit.record(request.user, "admin.change", queue_key=_queue_key(form.instance),
+                         target=f"{formset.model._meta.model_name} of {form.instance}",
+                         counts={"rows": changed + len(formset.deleted_objects)})
+
+    def delete_model(self, request, obj):
+        target, key = f"{obj._meta.model_name}:{obj}", _queue_key(obj)
+        super().delete_model(request, obj)
+        audit.record(request.user, "admin.delete", queue_key=key, target=target,
+                     counts={"rows": 1})
+
+    def delete_queryset(self, request, queryset):
+        targets = [str(obj) for obj in queryset[:20]]
+        rows = queryset.count()
+        super().delete_queryset(request, queryset)
+        audit.record(request.user, "admin.delete", target=f"{queryset.model._meta.model_name}",
+                     filter={"objects": targets}, counts={"rows": rows})
+
+
+def _queue_key(obj) -> str:
+    if isinstance(obj, Queue):
+        return obj.key
+    queue = getattr(obj, "queue", None)
+    return queue.key if queue is not None else ""
+
+
+class AccountPolicyInline(admin.TabularInline):
+    model = AccountPolicy
+    extra = 0
+
+
+@admin.register(Queue)
+class QueueAdmin(AuditedAdmin):
+    list_display = ("key", "name", "handler", "batch_size", "concurrency", "max_retries", "paused")
+    list_filter = ("paused", "handler")
+    search_fields = ("key", "name")
+    inlines = [AccountPolicyInline]
+
+
+@admin.register(AccountPolicy)
+class AccountPolicyAdmin(AuditedAdmin):
+    list_display = ("queue", "account", "weight", "max_in_flight", "paused")
+    list_filter = ("queue", "paused")
+    search_fields = ("account",)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Status changes go through queues.engine.lifecycle, never through a form."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Item)
+class ItemAdmin(ReadOnlyAdmin):
+    list_display = ("id", "queue", "account", "identifier", "status", "attempts", "run_at",
+                    "created_at")
+    list_filter = ("queue", "status")
+    search_fields = ("=identifier", "=account")
+    # The changelist must not count millions of rows on every page view.
+    show_full_result_count = False
+    list_select_related = ("queue",)
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    list_display = ("id", "queue", "account", "item", "reason", "attempts", "created_at",
+                    "replayed_at")
+    list_filter = ("queue", "reason")
+    show_full_result_count = False
+    raw_id_fields = ("item",)
+
+
+# Users and roles (groups) are edited here too; a role change is a mutation like any other, so
+# Django's own user and group admins are replaced by audited ones.
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class AuditedUserAdmin(AuditedAdmin, UserAdmin):
+    def user_change_password(self, request, id, form_url=""):
+        response = super().user_change_password(request, id, form_url)
+        if request.method == "POST" and response.status_code == 302:
+            target = f"user:{self.get_object(request, id)}"
+            audit.record(request.user, "admin.password", target=target, counts={"rows": 1})
+        return response
+
+
+@admin.register(Group)
+class AuditedGroupAdmin(AuditedAdmin, GroupAdmin):
+    pass

@@ -1,0 +1,30 @@
+"""Django's admin site for Admins: queue settings, account policies, tokens and users. Kept apart
+from queues/admin.py, which registers models on it: the default site is built by importing this
+module, and building it while the registering module is half-imported loses registrations."""
+
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import redirect
+
+from queues.permissions import can_administer
+
+
+class QueueAdminSite(admin.AdminSite):
+    """Open to the Admin role; everyone signs in through the dashboard's login page."""
+
+    site_header = "QueueAdmin settings"
+    site_title = "QueueAdmin"
+    site_url = "/"
+
+    def has_permission(self, request):
+        return can_administer(request.user)
+
+    def login(self, request, extra_context=None):
+        if self.has_permission(request):
+            return redirect("admin:index")
+        if request.user.is_authenticated:
+            # Signed in without the Admin role: sending them to log in again would loop.
+            raise PermissionDenied("Django's admin site needs the Admin role.")
+        return redirect_to_login(request.GET.get("next", self.site_url), settings.LOGIN_URL)

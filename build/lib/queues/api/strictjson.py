@@ -1,0 +1,104 @@
+"""Strict JSON decoding for the API: one meaning per document, or a precise error.
+
+Python's json module is lenient where producers in other languages would disagree with us: it
+accepts NaN and Infinity, duplicate keys (last wins), integers of any size, lone surrogates and
+NUL characters. Each of those is refused here with the path of the offending value.
+"""
+
+import json
+import math
+
+# JavaScript and many JSON libraries lose precision above 2**53; refuse rather than round.
+MAX_SAFE_INTEGER = 2**53 - 1
+MAX_DEPTH = 32
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+class JSONBodyError(ValueError):
+    def __init__(self, message: str, field: str = "body"):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def _parse_int(text: str) -> int:
+    # Checked on the digits before int() so a 100,000-digit number costs nothing.
+    if len(text.lstrip("-")) > 16 or abs(int(text)) > MAX_SAFE_INTEGER:
+        raise JSONBodyError(f"integer {text[:20]}{'…' if len(text) > 20 else ''} is out of range "
+                            f"(at most ±{MAX_SAFE_INTEGER})")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JSONBodyError(f"number {text[:20]} is out of range")
+    return value
+
+
+def _refuse_constant(name: str):
+    raise JSONBodyError(f"{name} is not valid JSON")
+
+
+def _no_duplicate_keys(pairs):
+    result = {}
+    for key, value in pairs:
+        if key in result:
+            raise JSONBodyError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def decode(body: bytes):
+    """Decode a request body; raises JSONBodyError with a message fit for the client."""
+    if body.startswith(UTF8_BOM):
+        raise JSONBodyError("the body starts with a byte order mark; send UTF-8 without one")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JSONBodyError(f"the body is not valid UTF-8 (byte {exc.start})") from None
+    if not text.strip():
+        raise JSONBodyError("the body is empty; send a JSON object")
+    try:
+        document = json.loads(
+            text, parse_int=_parse_int, parse_float=_parse_float,
+            parse_constant=_refuse_constant, object_pairs_hook=_no_duplicate_keys,
+        )
+    except RecursionError:
+        raise JSONBodyError(f"the document is nested deeper than {MAX_DEPTH} levels") from None
+    except json.JSONDecodeError as exc:
+        raise JSONBodyError(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+                            ) from None
+    check_values(document)
+    return document
+
+
+def check_values(document, path: str = ""):
+    """Refuse too-deep nesting, NUL characters and lone surrogates anywhere in the document,
+    naming the first offending path. Iterative, so depth cannot exhaust the stack."""
+    stack = [(document, path, 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise JSONBodyError(f"the document is nested deeper than {MAX_DEPTH} levels",
+                                where or "body")
+        if isinstance(value, str):
+            _check_string(value, where)
+        elif isinstance(value, dict):
+            for key, child in value.items():
+                child_path = f"{where}.{key}" if where else str(key)
+                _check_string(key, child_path)
+                stack.append((child, child_path, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((child, f"{where}[{index}]", depth + 1)
+                         for index, child in enumerate(value))
+
+
+def _check_string(value: str, where: str):
+    if "\x00" in value:
+        raise JSONBodyError("strings must not contain \\u0000", where or "body")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise JSONBodyError("strings must not contain lone surrogates (\\ud800-\\udfff)",
+                            where or "body") from None

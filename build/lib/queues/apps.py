@@ -1,0 +1,34 @@
+import sys
+
+from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
+from django.db.models.signals import post_migrate
+from django.utils.module_loading import autodiscover_modules
+
+
+class QueuesConfig(AppConfig):
+    default = True  # this module declares a second AppConfig, for the admin site
+    name = "queues"
+    verbose_name = "Queues"
+
+    def ready(self):
+        from queues import checks  # noqa: F401  registers the system checks
+        from queues.engine import heartbeat, webhook  # noqa: F401  webhook registers its handler
+        from queues.engine.schedules import ensure_schedules
+        from queues.permissions import grant_admin_permissions
+        from queues.web import middleware  # noqa: F401  connects the login signal
+
+        # Every installed app may register handlers in its handlers.py.
+        autodiscover_modules("handlers")
+        post_migrate.connect(ensure_schedules, sender=self)
+        post_migrate.connect(grant_admin_permissions, sender=self)
+        if heartbeat.is_qcluster(sys.argv):
+            # Only a worker cluster beats; web processes and other commands do not.
+            heartbeat.start_in_cluster()
+
+
+class QueueAdminSiteConfig(admin_apps.AdminConfig):
+    """Django's admin site at /django-admin/, open to the Admin role (not to is_staff)."""
+
+    default = False
+    default_site = "queues.admin_site.QueueAdminSite"

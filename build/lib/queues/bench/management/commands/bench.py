@@ -1,0 +1,132 @@
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from queues.bench import scenarios as bench
+from queues.bench import workload as bench_workload
+
+
+class Command(BaseCommand):
+    help = ("Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, planner, "
+            "throughput, workload, bulk, api, stream, pages.")
+
+    def add_arguments(self, parser):
+        scenarios = parser.add_subparsers(dest="scenario", required=True)
+        seed = scenarios.add_parser("seed", help="Fill the database with realistic queue data.")
+        seed.add_argument("--items", type=int, default=1_000_000)
+        seed.add_argument("--accounts", type=int, default=10_000)
+        seed.add_argument("--queues", type=int, default=1)
+        enqueue = scenarios.add_parser("enqueue", help="Items/s through enqueue_many.")
+        enqueue.add_argument("--items", type=int, default=100_000)
+        enqueue.add_argument("--batch", type=int, default=1000)
+        enqueue.add_argument("--accounts", type=int, default=1000)
+        select = scenarios.add_parser(
+            "selector", help="Round latency and fairness (against the seed's algorithm).")
+        select.add_argument("--dataset", action="append", choices=list(bench.SELECTOR_DATASETS),
+                            help="repeat to pick several (default: all)")
+        select.add_argument("--rounds", type=int, default=200)
+        select.add_argument("--fairness-rounds", type=int, default=500)
+        planner = scenarios.add_parser(
+            "planner", help="plan_batch alone on 10k and 100k backlogged accounts (p50/p95).")
+        planner.add_argument("--accounts", type=int, action="append",
+                             help="repeat to pick several (default: 10000 and 100000)")
+        planner.add_argument("--batch", type=int, default=60)
+        planner.add_argument("--runs", type=int, default=50, help="timed plans per case")
+        throughput = scenarios.add_parser(
+            "throughput", help="Items/s end to end with real worker clusters (noop handler).")
+        throughput.add_argument("--items", type=int, default=50_000)
+        throughput.add_argument("--accounts", type=int, default=1000)
+        throughput.add_argument("--clusters", type=int, default=2)
+        throughput.add_argument("--bare-items", type=int, default=2000)
+        throughput.add_argument("--timeout", type=float, default=600)
+        workload = scenarios.add_parser(
+            "workload", help="Realistic work at default settings: latency, throughput, kill -9, "
+                             "against bare django-q2.")
+        workload.add_argument("--items", type=int, default=5000)
+        workload.add_argument("--clusters", type=int, default=2)
+        workload.add_argument("--accounts", type=int, default=50)
+        workload.add_argument("--trickle-seconds", type=float, default=150,
+                              help="how long an idle queue is fed one item every 0.25 s")
+        workload.add_argument("--drain-timeout", type=float, default=480,
+                              help="seconds the kill drill may take to end every item")
+        bulk = scenarios.add_parser(
+            "bulk", help="Bulk retry and cancel of 100k items while the selector runs.")
+        bulk.add_argument("--items", type=int, default=100_000)
+        bulk.add_argument("--selector-rounds", type=int, default=100)
+        api = scenarios.add_parser(
+            "api", help="Items/s accepted through the JSON API over real HTTP.")
+        api.add_argument("--items", type=int, default=100_000, help="items sent in batches")
+        api.add_argument("--single-items", type=int, default=5_000)
+        api.add_argument("--clients", type=int, default=4)
+        api.add_argument("--server-workers", type=int, default=2)
+        live = scenarios.add_parser(
+            "stream", help="Commit-to-browser latency of the live stream over real SSE.")
+        live.add_argument("--events", type=int, default=1000)
+        live.add_argument("--clients", type=int, default=20)
+        live.add_argument("--rate", type=float, default=200, help="transitions per second")
+        live.add_argument("--idle-seconds", type=float, default=10)
+        pages = scenarios.add_parser(
+            "pages", help="Server time and SQL queries of the dashboard pages (seed first).")
+        pages.add_argument("--queue", default="bench-0", help="a seeded queue")
+        pages.add_argument("--requests", type=int, default=50, help="timed requests per page")
+
+    def handle(self, *args, scenario, **options):
+        if settings.DEBUG:
+            # DEBUG records every query in memory and formats its SQL: figures would be wrong.
+            self.stderr.write("warning: DEBUG is on; run benchmarks with DEBUG=false")
+        if scenario == "selector":
+            report = bench.run_selector(
+                datasets=options["dataset"] or list(bench.SELECTOR_DATASETS),
+                rounds=options["rounds"], fairness_rounds=options["fairness_rounds"],
+                log=self.stdout.write)
+        elif scenario == "planner":
+            accounts = options["accounts"] or list(bench.PLANNER_ACCOUNTS)
+            if min(accounts) < 1 or options["batch"] < 1 or options["runs"] < 1:
+                raise CommandError("--accounts, --batch and --runs must be at least 1")
+            report = bench.run_planner(accounts=accounts, batch_size=options["batch"],
+                                       runs=options["runs"])
+        elif scenario == "stream":
+            if options["events"] < 4 or options["clients"] < 1 or options["rate"] <= 0:
+                raise CommandError("--events must be at least 4, --clients at least 1, "
+                                   "--rate positive")
+            report = bench.run_stream(events=options["events"], clients=options["clients"],
+                                      rate=options["rate"], idle_seconds=options["idle_seconds"],
+                                      log=self.stdout.write)
+        elif scenario == "pages":
+            if options["requests"] < 1:
+                raise CommandError("--requests must be at least 1")
+            report = bench.run_pages(queue_key=options["queue"], requests=options["requests"],
+                                     log=self.stdout.write)
+        elif options["items"] < 1:
+            raise CommandError("--items must be at least 1")
+        elif scenario == "bulk":
+            report = bench.run_bulk(items=options["items"],
+                                    selector_rounds=options["selector_rounds"],
+                                    log=self.stdout.write)
+        elif scenario == "api":
+            report = bench.run_api(
+                batched_items=options["items"], single_items=options["single_items"],
+                clients=options["clients"], server_workers=options["server_workers"],
+                log=self.stdout.write)
+        elif scenario == "throughput":
+            report = bench.run_throughput(
+                items=options["items"], accounts=options["accounts"],
+                clusters=options["clusters"], bare_items=options["bare_items"],
+                timeout=options["timeout"], log=self.stdout.write)
+        elif scenario == "workload":
+            if options["clusters"] < 2 or options["accounts"] < 1:
+                raise CommandError("--clusters must be at least 2 (one is killed), --accounts "
+                                   "at least 1")
+            report = bench_workload.run_workload(
+                items=options["items"], clusters=options["clusters"],
+                accounts=options["accounts"], trickle_seconds=options["trickle_seconds"],
+                drain_timeout=options["drain_timeout"], log=self.stdout.write)
+        elif scenario == "seed":
+            report = bench.run_seed(items=options["items"], accounts=options["accounts"],
+                                    queues=options["queues"], log=self.stdout.write)
+        else:
+            if not 1 <= options["batch"] <= 1000:
+                raise CommandError("--batch must be between 1 and 1000")
+            report = bench.run_enqueue(items=options["items"], batch=options["batch"],
+                                       accounts=options["accounts"])
+        self.stdout.write(report.as_table())
+        self.stdout.write(f"written to {report.write_json()}")

@@ -1,0 +1,384 @@
+"""Bulk retry and cancel by enqueue-time range and status, safe at 100k+ items.
+
+A preview freezes a snapshot (items enqueued no later than the preview and with ids no higher
+than the highest it saw) and counts what is eligible. Confirming re-counts inside that snapshot:
+only a change there (not new arrivals) sends the operator back to a fresh preview. The operation
+then runs as steps of at most STEP_SIZE items, each one short transaction through the set-based
+lifecycle that also advances the operation's keyset position, so a lost or repeated step neither
+skips nor repeats work.
+"""
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+from django.core import signing
+from django.db import transaction
+from django.db.models import Exists, Max, OuterRef, Q
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django_q.tasks import async_task
+
+from queues.conf import setting
+from queues.engine import audit, lifecycle
+from queues.models import LIVE_STATUSES, BulkOperation, DeadLetter, Item, Queue, Status
+
+log = logging.getLogger(__name__)
+STEP_SIZE = 500
+# Each task runs steps for about this long, then re-enqueues itself: no task runs long, and
+# the broker's pickup latency is paid once per few dozen steps instead of once per step.
+TASK_SECONDS = 5.0
+SAMPLE_SIZE = 20
+SIGNING_SALT = "queueadmin.bulk.preview"
+
+# kind: (lifecycle transition, statuses it applies to)
+KINDS = {
+    BulkOperation.Kind.RETRY: ("requeue", (Status.COMPLETE, Status.FAILED, Status.CANCELLED)),
+    BulkOperation.Kind.CANCEL: ("cancel", (Status.QUEUED, Status.DISPATCHED, Status.RETRY)),
+    # Dead letters: failed items with an open dead letter, chosen by the time they failed.
+    BulkOperation.Kind.REPLAY: ("requeue", (Status.FAILED,)),
+    BulkOperation.Kind.PURGE: ("delete", (Status.FAILED,)),
+}
+DEAD_LETTER_KINDS = (BulkOperation.Kind.REPLAY, BulkOperation.Kind.PURGE)
+MAX_SELECTION = 1000  # one page of ids per request
+INELIGIBLE_REASONS = {
+    (BulkOperation.Kind.CANCEL, Status.RUNNING):
+        "running items are not cancelled mid-flight; they finish on their own",
+}
+
+
+class BulkError(ValueError):
+    def __init__(self, message: str, fields: dict | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fields = fields or {}
+
+
+class StalePreview(BulkError):
+    """The eligible items inside the previewed snapshot changed since the preview."""
+
+    def __init__(self, fresh: "Preview"):
+        super().__init__("the items changed since the preview; check the new counts and confirm")
+        self.fresh = fresh
+
+
+def confirmation(preview: "Preview") -> dict:
+    """What confirming a preview sends back: the frozen filter, signed so that it returns as
+    it was sent, its hash, and the eligible count the operator saw."""
+    return {"frozen": signing.dumps(preview.filter.as_json(), salt=SIGNING_SALT),
+            "filter_hash": preview.filter.digest(), "expected": preview.eligible}
+
+
+def filter_from_confirmation(frozen: str) -> "BulkFilter":
+    try:
+        return BulkFilter.from_json(signing.loads(frozen, salt=SIGNING_SALT))
+    except (signing.BadSignature, KeyError, TypeError, ValueError):
+        raise BulkError("the confirmation was altered; preview again",
+                        {"frozen": "not a preview's confirmation"}) from None
+
+
+def selection_range(now: datetime) -> tuple[datetime, datetime]:
+    """The time range of a selection of ids, which the operator did not choose by time: from
+    before any item to after every item enqueued so far (the preview freezes the snapshot)."""
+    return datetime(2000, 1, 1, tzinfo=UTC), now + timedelta(minutes=1)
+
+
+def max_items() -> int:
+    return setting("BULK_MAX_ITEMS")
+
+
+@dataclass(frozen=True)
+class BulkFilter:
+    queue_id: int
+    kind: str
+    statuses: tuple[str, ...]
+    created_from: datetime
+    created_to: datetime
+    account: str = ""
+    error_contains: str = ""
+    snapshot_at: datetime | None = None
+    max_id: int | None = None
+    ids: tuple[int, ...] = ()  # a selection of items instead of every match
+    reason: str = ""  # dead-letter reason (replay and purge)
+
+    @classmethod
+    def build(cls, queue: Queue, kind: str, statuses, created_from: datetime,
+              created_to: datetime, account: str = "", error_contains: str = "", *,
+              ids=(), reason: str = "") -> "BulkFilter":
+        """Checks what an operator asked for; raises BulkError naming each bad field. For
+        dead-letter kinds the status is always failed and the range is the failure time."""
+        fields = {}
+        if kind not in KINDS:
+            fields["kind"] = f"must be one of {', '.join(KINDS)}"
+        elif kind in DEAD_LETTER_KINDS:
+            statuses = [Status.FAILED]
+        ids = tuple(sorted(set(ids)))
+        if len(ids) > MAX_SELECTION:
+            fields["ids"] = f"select at most {MAX_SELECTION} items"
+        statuses = tuple(dict.fromkeys(statuses))
+        unknown = [s for s in statuses if s not in Status.values]
+        if not statuses or unknown:
+            fields["statuses"] = (f"unknown status {unknown[0]!r}" if unknown
+                                  else "choose at least one status")
+        for name, value in (("created_from", created_from), ("created_to", created_to)):
+            if not isinstance(value, datetime) or timezone.is_naive(value):
+                fields[name] = "must be a date-time with a time zone"
+        if not fields and created_from >= created_to:
+            fields["created_to"] = "must be after the start of the range"
+        if fields:
+            raise BulkError("; ".join(f"{k} {v}" for k, v in fields.items()), fields)
+        return cls(queue.pk, kind, statuses, created_from, created_to, account.strip(),
+                   error_contains.strip(), ids=ids, reason=reason.strip())
+
+    def frozen(self, now: datetime) -> "BulkFilter":
+        """The same filter over a fixed snapshot: what exists now, and nothing enqueued later."""
+        if self.snapshot_at is not None:
+            return self
+        highest = Item.objects.aggregate(n=Max("id"))["n"] or 0
+        return replace(self, snapshot_at=now, max_id=highest)
+
+    @property
+    def eligible_statuses(self) -> tuple[str, ...]:
+        accepted = KINDS[self.kind][1]
+        return tuple(s for s in self.statuses if s in accepted)
+
+    def items(self, statuses=None):
+        # Dead letters are chosen by when they failed, other items by when they were enqueued.
+        time_field = "finished_at" if self.kind in DEAD_LETTER_KINDS else "created_at"
+        query = Item.objects.filter(
+            queue_id=self.queue_id, status__in=statuses or self.statuses,
+            **{f"{time_field}__gte": self.created_from, f"{time_field}__lt": self.created_to},
+        )
+        if self.ids:
+            query = query.filter(id__in=self.ids)
+        if self.kind in DEAD_LETTER_KINDS:
+            letters = DeadLetter.objects.filter(item_id=OuterRef("id"), replayed_at__isnull=True)
+            if self.reason:
+                letters = letters.filter(reason=self.reason)
+            query = query.filter(Exists(letters))
+        if self.snapshot_at is not None:
+            query = query.filter(created_at__lte=self.snapshot_at, id__lte=self.max_id)
+        if self.account:
+            query = query.filter(account=self.account)
+        if self.error_contains:
+            query = query.filter(last_error__icontains=self.error_contains)
+        return query
+
+    def as_json(self) -> dict:
+        data = asdict(self)
+        for name in ("created_from", "created_to", "snapshot_at"):
+            data[name] = data[name].isoformat() if data[name] else None
+        data["statuses"] = list(self.statuses)
+        data["ids"] = list(self.ids)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "BulkFilter":
+        values = dict(data)
+        for name in ("created_from", "created_to", "snapshot_at"):
+            values[name] = parse_datetime(values[name]) if values.get(name) else None
+        values["statuses"] = tuple(values["statuses"])
+        values["ids"] = tuple(values.get("ids", ()))
+        return cls(**values)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class Preview:
+    filter: BulkFilter
+    eligible: int
+    ineligible: dict[str, int] = field(default_factory=dict)  # reason: count
+    sample: list = field(default_factory=list)
+    too_many: bool = False
+
+    @property
+    def matching(self) -> int:
+        return self.eligible + sum(self.ineligible.values())
+
+
+def preview(bulk_filter: BulkFilter, now: datetime | None = None) -> Preview:
+    """Counts inside the (frozen) snapshot; each count stops past the operation maximum."""
+    frozen = bulk_filter.frozen(now or timezone.now())
+    cap = max_items()
+    ineligible: Counter = Counter()
+    for status in frozen.statuses:
+        if status not in frozen.eligible_statuses:
+            n = frozen.items([status])[:cap + 1].count()
+            if n:
+                reason = INELIGIBLE_REASONS.get(
+                    (frozen.kind, status),
+                    f"{Status(status).label.lower()} items cannot be "
+                    f"{'retried' if frozen.kind == 'retry' else 'cancelled'}")
+                ineligible[reason] += n
+    eligible_items = frozen.items(frozen.eligible_statuses) if frozen.eligible_statuses else None
+    eligible = 0
+    if eligible_items is not None:
+        eligible = eligible_items[:cap + 1].count()
+        if frozen.kind in (BulkOperation.Kind.RETRY, BulkOperation.Kind.REPLAY) and eligible:
+            # Retrying an item whose identifier is live again on another item would duplicate it.
+            live_again = eligible_items.filter(Exists(Item.objects.filter(
+                queue_id=frozen.queue_id, identifier=OuterRef("identifier"),
+                status__in=LIVE_STATUSES)))[:cap + 1].count()
+            if live_again:
+                ineligible["its identifier is live again on another item"] += live_again
+                eligible -= live_again
+    sample = list(eligible_items.order_by("-created_at", "-id")[:SAMPLE_SIZE]) \
+        if eligible_items is not None else []
+    return Preview(frozen, eligible, dict(ineligible), sample, too_many=eligible > cap)
+
+
+@transaction.atomic
+def start(bulk_filter: BulkFilter, *, expected: int, filter_hash: str, actor) -> BulkOperation:
+    """Confirm a preview: refuses when the frozen filter was altered, answers StalePreview when
+    its eligible count changed, otherwise records the operation and schedules its first step."""
+    if bulk_filter.snapshot_at is None or bulk_filter.digest() != filter_hash:
+        raise BulkError("the confirmation does not match its preview; preview again")
+    fresh = preview(bulk_filter)
+    if fresh.too_many:
+        raise BulkError(f"more than {max_items()} items; narrow the filter",
+                        {"created_from": "narrow the range"})
+    if fresh.eligible != expected:
+        raise StalePreview(fresh)
+    if not fresh.eligible:
+        raise BulkError("nothing to do: no eligible items")
+    user = actor if getattr(actor, "is_authenticated", False) else None
+    operation = BulkOperation.objects.create(
+        queue_id=bulk_filter.queue_id, kind=bulk_filter.kind, actor=user,
+        actor_name=audit.actor_name(actor)[:150],
+        filter=bulk_filter.as_json(), filter_hash=filter_hash, expected=expected,
+        created_at=timezone.now(),
+    )
+    queue_key = Queue.objects.values_list("key", flat=True).get(pk=bulk_filter.queue_id)
+    audit.record(actor, f"bulk.{bulk_filter.kind}", queue_key=queue_key,
+                 target=f"bulk operation {operation.pk}", filter=bulk_filter.as_json(),
+                 counts={"eligible": expected, **fresh.ineligible})
+    transaction.on_commit(lambda: schedule(operation.pk))
+    return operation
+
+
+def schedule(operation_id: int):
+    async_task("queues.engine.bulk.run", operation_id, task_name=f"bulk operation {operation_id}")
+
+
+def stop(operation: BulkOperation, *, actor) -> bool:
+    """Ask a running operation to stop after its current step; finished steps stay applied."""
+    changed = BulkOperation.objects.filter(
+        pk=operation.pk, state=BulkOperation.State.RUNNING).update(
+        state=BulkOperation.State.STOPPING)
+    if changed:
+        audit.record(actor, "bulk.stop", queue_key=operation.queue.key,
+                     target=f"bulk operation {operation.pk}")
+    return bool(changed)
+
+
+def run(operation_id: int, seconds: float = TASK_SECONDS) -> int:
+    """The worker task: steps for a few seconds, then hands the rest to a new task.
+    Returns the steps taken."""
+    deadline = time.monotonic() + seconds
+    steps = 0
+    while True:
+        try:
+            go_on = step(operation_id)
+        except Exception as exc:
+            # The failed step rolled back alone: earlier steps stay applied and the record
+            # says what changed before the failure.
+            log.exception("bulk operation %s failed", operation_id)
+            _fail(operation_id, exc)
+            return steps
+        steps += 1
+        if not go_on:
+            return steps
+        if time.monotonic() > deadline:
+            schedule(operation_id)
+            return steps
+
+
+def step(operation_id: int) -> bool:
+    """One batch in one transaction; returns whether more remains."""
+    now = timezone.now()
+    with transaction.atomic():
+        # Steps of one operation run one at a time even if a lost step was re-scheduled.
+        operation = BulkOperation.objects.select_for_update().get(pk=operation_id)
+        if operation.finished:
+            return False
+        if operation.state == BulkOperation.State.STOPPING:
+            _finish(operation, BulkOperation.State.STOPPED, now)
+            return False
+        bulk_filter = BulkFilter.from_json(operation.filter)
+        ids, position = _next_batch(bulk_filter, operation.position)
+        if ids:
+            skipped = Counter(operation.skipped)
+            if operation.kind == BulkOperation.Kind.PURGE:
+                deleted = lifecycle.delete_finished(operation.queue_id, ids)["items"]
+                operation.changed += deleted
+                skipped["it is no longer failed"] += len(ids) - deleted
+            else:
+                transition, _ = KINDS[operation.kind]
+                result = lifecycle.apply(transition, ids,
+                                         actor=f"bulk {operation.pk} by {operation.actor_name}")
+                operation.changed += len(result.changed)
+                skipped.update(result.skipped.values())
+            operation.skipped = +skipped
+        operation.position = position or {}
+        operation.steps += 1
+        operation.last_step_at = now
+        if position is None:
+            _finish(operation, BulkOperation.State.DONE, now)
+            return False
+        operation.save(update_fields=["changed", "skipped", "position", "steps", "last_step_at"])
+    return True
+
+
+def _finish(operation: BulkOperation, state: str, now: datetime):
+    operation.state = state
+    operation.finished_at = now
+    operation.save()
+    log.info("bulk %s %s %s: %s changed, skipped %s", operation.kind, operation.pk, state,
+             operation.changed, operation.skipped)
+
+
+def _fail(operation_id: int, exc: Exception):
+    with transaction.atomic():
+        operation = BulkOperation.objects.select_for_update().get(pk=operation_id)
+        if not operation.finished:
+            operation.error = f"{type(exc).__name__}: {exc}"[:2000]
+            _finish(operation, BulkOperation.State.FAILED, timezone.now())
+
+
+def _next_batch(bulk_filter: BulkFilter, position: dict) -> tuple[list[int], dict | None]:
+    """Up to STEP_SIZE eligible ids after `position`, walking one status at a time in
+    (created_at, id) order so each walk follows the browse index. None: nothing is left."""
+    statuses = bulk_filter.eligible_statuses
+    index = position.get("status", 0)
+    after = (parse_datetime(position["created_at"]), position["id"]) if "id" in position else None
+    ids: list[int] = []
+    while index < len(statuses):
+        query = bulk_filter.items([statuses[index]])
+        if after is not None:
+            query = query.filter(created_at__gte=after[0]).filter(
+                Q(created_at__gt=after[0]) | Q(id__gt=after[1]))
+        rows = list(query.order_by("created_at", "id").values_list("created_at", "id")
+                    [:STEP_SIZE - len(ids)])
+        ids += [pk for _, pk in rows]
+        if len(ids) == STEP_SIZE:
+            last_at, last_id = rows[-1]
+            return ids, {"status": index, "created_at": last_at.isoformat(), "id": last_id}
+        index, after = index + 1, None
+    return ids, ({"status": index} if ids else None)
+
+
+def resume_lost(older_than: datetime) -> int:
+    """Re-schedule operations whose step vanished with its worker (the sweeper calls this)."""
+    lost = list(BulkOperation.objects.filter(
+        state__in=(BulkOperation.State.RUNNING, BulkOperation.State.STOPPING)).filter(
+        Q(last_step_at__lt=older_than) | Q(last_step_at=None, created_at__lt=older_than),
+    ).values_list("pk", flat=True))
+    for operation_id in lost:
+        schedule(operation_id)
+    return len(lost)

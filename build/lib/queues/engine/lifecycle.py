@@ -1,0 +1,821 @@
+"""The only code that changes an item's status.
+
+Every transition is one UPDATE guarded by the statuses it may start from (and, for worker
+transitions, by the attempt number as a fencing token), so two racing callers can never both move
+the same item. Each changed row gets an event and counter deltas in the same transaction.
+"""
+
+import json
+import random
+import secrets
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from queues.engine import counters
+from queues.engine.db import (
+    chunked,
+    from_db_datetime,
+    insert_rows,
+    is_postgres,
+    placeholders,
+    to_db_datetime,
+    typed,
+)
+from queues.engine.stream import notify_events_written
+from queues.models import (
+    FINISHED_STATUSES,
+    LIVE_STATUSES,
+    MAX_ACCOUNT_LENGTH,
+    MAX_IDENTIFIER_LENGTH,
+    Attempt,
+    CounterDelta,
+    DeadLetter,
+    Item,
+    ItemEvent,
+    Queue,
+    Status,
+)
+
+BATCH_LIMIT = 1000  # rows per statement: keeps statements and transactions short
+ERROR_LIMIT = 10_000  # characters of an error message kept on the item and attempt
+TRACEBACK_LIMIT = 20_000
+WORKER_LOST = "worker lost"
+PRIORITY_RANGE = (-32768, 32767)
+ATTEMPT_COLUMNS = ("item_id", "number", "started_at", "finished_at", "outcome", "error",
+                   "traceback", "worker", "result")
+DEAD_LETTER_COLUMNS = ("item_id", "queue_id", "account", "reason", "last_error", "attempts",
+                       "created_at", "replayed_by")
+RETURNED = ("id, queue_id, account, identifier, previous_status, attempts, started_at, "
+            "dispatch_token")
+EVENT_COLUMNS = ("item_id", "queue_id", "account", "identifier", "transition", "from_status",
+                 "to_status", "attempt", "at", "actor", "reason")
+
+
+@dataclass(frozen=True)
+class Transition:
+    name: str
+    sources: tuple[str, ...]
+    target: str
+    event: str
+    attempt_outcome: str | None = None  # transitions that end an attempt record it
+    dead_letter: bool = False
+
+
+TRANSITIONS = {
+    t.name: t
+    for t in (
+        Transition("dispatch", (Status.QUEUED, Status.RETRY), Status.DISPATCHED, "dispatched"),
+        Transition("start", (Status.DISPATCHED,), Status.RUNNING, "started"),
+        # A dispatched item its batch never started (the batch's time ran out, its cluster is
+        # shutting down or stopped beating) is ready again; no attempt was spent on it.
+        Transition("release", (Status.DISPATCHED,), Status.QUEUED, "released"),
+        Transition("complete", (Status.RUNNING,), Status.COMPLETE, "completed",
+                   attempt_outcome=Attempt.Outcome.COMPLETE),
+        Transition("retry", (Status.RUNNING,), Status.RETRY, "retry_scheduled",
+                   attempt_outcome=Attempt.Outcome.RETRY),
+        Transition("fail", (Status.RUNNING,), Status.FAILED, "failed",
+                   attempt_outcome=Attempt.Outcome.FAILED, dead_letter=True),
+        Transition("lost_retry", (Status.DISPATCHED, Status.RUNNING), Status.RETRY, "lost",
+                   attempt_outcome=Attempt.Outcome.LOST),
+        Transition("lost_fail", (Status.DISPATCHED, Status.RUNNING), Status.FAILED, "lost",
+                   attempt_outcome=Attempt.Outcome.LOST, dead_letter=True),
+        Transition("cancel", (Status.QUEUED, Status.DISPATCHED, Status.RETRY), Status.CANCELLED,
+                   "cancelled"),
+        Transition("requeue", (Status.COMPLETE, Status.FAILED, Status.CANCELLED), Status.QUEUED,
+                   "requeued"),
+        # "Run now" in the dashboard: a retry or a delayed item becomes due at once; its
+        # attempts and last error are kept.
+        Transition("run_now", (Status.QUEUED, Status.RETRY), Status.QUEUED, "run_now"),
+    )
+}
+
+
+class LifecycleError(Exception):
+    pass
+
+
+class IllegalTransition(LifecycleError):
+    pass
+
+
+class EnqueueError(LifecycleError, ValueError):
+    """Bad enqueue input; `fields` maps each offending field to what is wrong with it."""
+
+    code = "invalid"
+
+    def __init__(self, message: str, fields: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fields = dict(fields or {})
+
+
+class UnknownQueue(EnqueueError):
+    code = "unknown_queue"
+
+
+class IdentifierConflict(EnqueueError):
+    """A live item already holds the identifier with a different payload."""
+
+    code = "identifier_conflict"
+
+    def __init__(self, identifier: str, existing_id: int | None):
+        super().__init__(
+            f"identifier {identifier!r} is live on this queue with a different payload",
+            {"identifier": "live with a different payload"},
+        )
+        self.identifier = identifier
+        self.existing_id = existing_id
+
+
+@dataclass(frozen=True)
+class Changed:
+    """One row a transition moved, as it is after the change."""
+
+    id: int
+    queue_id: int
+    account: str
+    identifier: str
+    from_status: str
+    attempts: int
+    started_at: datetime | None
+    token: int = 0  # the dispatch token, which a worker needs to claim a dispatched item
+
+
+@dataclass
+class TransitionResult:
+    action: str
+    requested: list[int]
+    changed: list[Changed] = field(default_factory=list)
+    skipped: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def changed_ids(self) -> list[int]:
+        return [row.id for row in self.changed]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a worker (or the sweeper) reports about one attempt of one item."""
+
+    item_id: int
+    attempt: int
+    error: str | None = None  # None means the attempt succeeded
+    traceback: str = ""
+    permanent: bool = False
+    delay: float | None = None  # seconds, e.g. from a Retry-After header
+    result: object = None  # what a completed attempt's handler returned, JSON-serialisable
+    # The attempt's own times and the thread that ran it; unset, the item's start and now.
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    worker: str = ""
+
+
+# --- enqueue ---------------------------------------------------------------------------------
+
+def _live_status_sql() -> str:
+    # Must match the partial unique index's predicate word for word so that ON CONFLICT can use it.
+    return "status IN (" + ", ".join(f"'{s}'" for s in LIVE_STATUSES) + ")"
+
+
+def _check_text(fields: dict, name: str, value, limit: int):
+    if not isinstance(value, str) or not value.strip():
+        fields[name] = "must be a non-empty string"
+    elif len(value) > limit:
+        fields[name] = f"must be at most {limit} characters"
+    elif "\x00" in value:
+        fields[name] = "must not contain NUL characters"
+
+
+def normalise_item(item: Mapping, now: datetime) -> dict:
+    """Check one item to enqueue; returns its stored form or raises EnqueueError naming fields."""
+    fields: dict[str, str] = {}
+    if not isinstance(item, Mapping):
+        raise EnqueueError("an item must be a mapping", {"item": "must be an object"})
+    unknown = set(item) - {"account", "identifier", "payload", "run_at", "priority"}
+    if unknown:
+        fields.update({name: "unknown field" for name in sorted(unknown)})
+    _check_text(fields, "account", item.get("account"), MAX_ACCOUNT_LENGTH)
+    _check_text(fields, "identifier", item.get("identifier"), MAX_IDENTIFIER_LENGTH)
+    payload = item.get("payload")
+    payload = {} if payload is None else payload
+    try:
+        # Round-trip so that the stored payload and the dedup comparison see the same values.
+        payload = json.loads(json.dumps(payload, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        fields["payload"] = f"must be JSON-serialisable: {exc}"
+    run_at = item.get("run_at")
+    if run_at is None:
+        run_at = now
+    elif not isinstance(run_at, datetime):
+        fields["run_at"] = "must be a datetime"
+    elif timezone.is_naive(run_at):
+        fields["run_at"] = "must be timezone-aware"
+    priority = item.get("priority", 0)
+    if priority is None:
+        priority = 0
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        fields["priority"] = "must be an integer"
+    elif not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+        fields["priority"] = f"must be between {PRIORITY_RANGE[0]} and {PRIORITY_RANGE[1]}"
+    if fields:
+        raise EnqueueError("invalid item: " + "; ".join(f"{k} {v}" for k, v in fields.items()),
+                           fields)
+    return {
+        "account": item["account"],
+        "identifier": item["identifier"],
+        "payload": payload,
+        "run_at": run_at,
+        "priority": priority,
+    }
+
+
+def enqueue_many(queue_key: str, items: Iterable[Mapping], *, actor: str = "python") -> list[Item]:
+    """Put items on a queue, all or nothing.
+
+    A live identifier returns the existing item when the payload is the same (also inside one
+    batch) and raises IdentifierConflict when it differs. Each returned Item carries `created`.
+    """
+    now = timezone.now()
+    items = list(items)
+    if len(items) > BATCH_LIMIT:
+        raise EnqueueError(f"at most {BATCH_LIMIT} items per call", {"items": "too many"})
+    rows = [normalise_item(item, now) for item in items]
+    try:
+        queue = Queue.objects.get(key=queue_key)
+    except Queue.DoesNotExist:
+        raise UnknownQueue(f"unknown queue {queue_key!r}", {"queue": "unknown"}) from None
+
+    firsts: dict[str, dict] = {}
+    for row in rows:
+        first = firsts.setdefault(row["identifier"], row)
+        if first["payload"] != row["payload"]:
+            raise IdentifierConflict(row["identifier"], None)
+    # One global order: two batches sharing identifiers in opposite orders would otherwise each
+    # wait on the other's uncommitted insert (a deadlock on PostgreSQL).
+    unique_rows = sorted(firsts.values(), key=lambda row: row["identifier"])
+
+    with transaction.atomic():
+        by_identifier = _insert_or_find(queue, unique_rows, now, actor)
+    return [by_identifier[row["identifier"]] for row in rows]
+
+
+def _insert_or_find(queue: Queue, rows: list[dict], now: datetime, actor: str) -> dict[str, Item]:
+    found: dict[str, Item] = {}
+    pending = rows
+    # A live item found by ON CONFLICT may finish before we read it; then the identifier is free
+    # again and the next pass inserts it. Three passes cover any realistic interleaving.
+    for _ in range(3):
+        created_ids = _insert_ignoring_live_duplicates(queue, pending, now)
+        missing = [row for row in pending if row["identifier"] not in created_ids]
+        existing = {
+            item.identifier: item
+            for item in Item.objects.filter(
+                queue=queue,
+                identifier__in=[row["identifier"] for row in missing],
+                status__in=LIVE_STATUSES,
+            )
+        }
+        created = [_saved_item(queue, row, created_ids[row["identifier"]], now)
+                   for row in pending if row["identifier"] in created_ids]
+        for item in created:
+            found[item.identifier] = item
+        _record_enqueued(queue, created, now, actor)
+        pending = []
+        for row in missing:
+            item = existing.get(row["identifier"])
+            if item is None:
+                pending.append(row)
+            elif item.payload != row["payload"]:
+                raise IdentifierConflict(row["identifier"], item.pk)
+            else:
+                item.created = False
+                found[item.identifier] = item
+        if not pending:
+            return found
+    raise LifecycleError("identifier kept changing state during enqueue; try again")
+
+
+def _saved_item(queue: Queue, row: dict, pk: int, now: datetime) -> Item:
+    """The inserted row as an Item, built from what we wrote instead of read back."""
+    item = Item(id=pk, queue=queue, account=row["account"], identifier=row["identifier"],
+                payload=row["payload"], priority=row["priority"], status=Status.QUEUED,
+                previous_status="", attempts=0, run_at=row["run_at"], last_error="",
+                created_at=now, updated_at=now)
+    item._state.adding = False
+    item._state.db = connection.alias
+    item.created = True
+    return item
+
+
+def _insert_ignoring_live_duplicates(queue: Queue, rows: list[dict], now: datetime) -> dict:
+    payload_field = Item._meta.get_field("payload")
+    columns = ("queue_id", "account", "identifier", "payload", "priority", "status",
+               "previous_status", "attempts", "run_at", "last_error", "created_at", "updated_at")
+    at = to_db_datetime(now)
+    inserted = insert_rows(
+        Item, columns,
+        [
+            (queue.pk, row["account"], row["identifier"],
+             payload_field.get_db_prep_save(row["payload"], connection), row["priority"],
+             Status.QUEUED, "", 0, to_db_datetime(row["run_at"]), "", at, at)
+            for row in rows
+        ],
+        suffix=f"ON CONFLICT (queue_id, identifier) WHERE {_live_status_sql()} DO NOTHING",
+        returning="id, identifier",
+    )
+    return {identifier: pk for pk, identifier in inserted}
+
+
+def _record_enqueued(queue: Queue, items: list[Item], now: datetime, actor: str):
+    if not items:
+        return
+    at = to_db_datetime(now)
+    insert_rows(ItemEvent, EVENT_COLUMNS, [
+        (item.pk, queue.pk, item.account, item.identifier, "enqueued", "", Status.QUEUED, 0, at,
+         actor, "")
+        for item in items
+    ])
+    notify_events_written()
+    counters.record({(queue.pk, Status.QUEUED): len(items)}, now)
+
+
+# --- transitions -----------------------------------------------------------------------------
+
+def apply(
+    action: str,
+    ids: Iterable[int],
+    *,
+    actor: str,
+    reason: str = "",
+    expected_attempts: Mapping[int, int] | None = None,
+    values: Mapping[int, Mapping] | None = None,
+    guard: tuple[str, list] | None = None,
+) -> TransitionResult:
+    """Move every listed item that is in one of the action's source statuses.
+
+    `expected_attempts` fences worker transitions: an item moves only while its attempt number
+    is still the one the caller was given; `guard` adds a condition on the row (SQL, params),
+    such as the worker's claim. `values` carries per-item data: run_at, error, traceback,
+    worker, dead_reason, started_at, finished_at. Items that did not move are listed in
+    `skipped` with why.
+    """
+    transition_ = TRANSITIONS.get(action)
+    if transition_ is None:
+        raise IllegalTransition(f"unknown transition {action!r}")
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    result = TransitionResult(action=action, requested=ids)
+    if not ids:
+        return result
+    now = timezone.now()
+    values = values or {}
+    if transition_.event == "lost" and not reason:
+        reason = WORKER_LOST  # the item, its attempt and dead letter all say why
+    with transaction.atomic(savepoint=False):
+        if action == "requeue":
+            # Over the whole request, not per chunk: a shared identifier may span two chunks.
+            ids = _drop_requeue_duplicates(ids, result)
+        for chunk in chunked(ids, BATCH_LIMIT):
+            result.changed += _move(transition_, chunk, now, actor, reason, expected_attempts,
+                                    values, guard)
+        result.skipped.update(_explain_skipped(transition_, result, expected_attempts))
+    return result
+
+
+def apply_selected(action: str, selection_sql: str, selection_params: list, *,
+                   actor: str) -> list[Changed]:
+    """Move the items a SELECT of ids finds, such as the selector's claim. On PostgreSQL the
+    SELECT, the UPDATE, its events and its counter deltas are one statement: the ids never
+    travel to Python and back."""
+    transition_ = TRANSITIONS[action]
+    if not _records_in_sql(transition_, {}):
+        with connection.cursor() as cursor:
+            cursor.execute(selection_sql, selection_params)
+            ids = [row[0] for row in cursor.fetchall()]
+        return apply(action, ids, actor=actor).changed
+    with transaction.atomic(savepoint=False):
+        return _update_recorded(transition_, f"id IN ({selection_sql})", selection_params,
+                                [], timezone.now(), actor, "", None, None)
+
+
+def transition(item_id: int, action: str, *, actor: str, reason: str = "",
+               expected_attempt: int | None = None, **item_values) -> Changed:
+    """One item; raises IllegalTransition with the reason when it cannot move."""
+    expected = {item_id: expected_attempt} if expected_attempt is not None else None
+    result = apply(action, [item_id], actor=actor, reason=reason, expected_attempts=expected,
+                   values={item_id: item_values} if item_values else None)
+    if not result.changed:
+        raise IllegalTransition(f"cannot {action} item {item_id}: {result.skipped[item_id]}")
+    return result.changed[0]
+
+
+def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason: str,
+                 values: Mapping[int, Mapping]) -> tuple[list[str], list]:
+    sets = ["status = %s", "previous_status = status", "updated_at = %s"]
+    params: list = [transition_.target, to_db_datetime(now)]
+
+    def per_item(column: str, key: str, pg_type: str, default, convert=lambda v: v):
+        cases = [(i, values[i][key]) for i in ids if key in values.get(i, {})]
+        if not cases:
+            sets.append(f"{column} = %s")
+            params.append(convert(default))
+            return
+        whens = " ".join(f"WHEN %s THEN {typed('%s', pg_type)}" for _ in cases)
+        sets.append(f"{column} = CASE id {whens} ELSE {typed('%s', pg_type)} END")
+        for item_id, value in cases:
+            params.extend([item_id, convert(value)])
+        params.append(convert(default))
+
+    name = transition_.name
+    if name == "dispatch":
+        sets += ["attempts = attempts + 1", "dispatched_at = %s", "started_at = NULL",
+                 "dispatch_token = %s", "cluster = ''"]
+        params += [to_db_datetime(now), secrets.randbits(62)]
+    elif name == "release":
+        # The dispatch gave the item an attempt number it never used: take it back.
+        sets += ["attempts = attempts - 1", "dispatched_at = NULL", "cluster = ''"]
+    elif name == "start":
+        sets.append("started_at = %s")
+        params.append(to_db_datetime(now))
+    elif name == "complete":
+        sets += ["finished_at = %s", "last_error = ''"]
+        params.append(to_db_datetime(now))
+    elif name in ("retry", "lost_retry"):
+        per_item("run_at", "run_at", "timestamptz", now, to_db_datetime)
+        per_item("last_error", "error", "text", reason, _clip_error)
+    elif name in ("fail", "lost_fail"):
+        sets.append("finished_at = %s")
+        params.append(to_db_datetime(now))
+        per_item("last_error", "error", "text", reason, _clip_error)
+    elif name == "cancel":
+        sets.append("finished_at = %s")
+        params.append(to_db_datetime(now))
+    elif name == "run_now":
+        sets.append("run_at = %s")
+        params.append(to_db_datetime(now))
+    elif name == "requeue":
+        sets += ["attempts = 0", "run_at = %s", "last_error = ''", "dispatched_at = NULL",
+                 "started_at = NULL", "finished_at = NULL"]
+        params.append(to_db_datetime(now))
+    return sets, params
+
+
+def _update_sql(transition_: Transition, id_condition: str, id_params: list, ids: list[int],
+                now: datetime, reason: str, expected_attempts: Mapping[int, int] | None,
+                values: Mapping[int, Mapping],
+                guard: tuple[str, list] | None) -> tuple[str, list] | None:
+    """The guarded UPDATE ... RETURNING of one transition for the rows `id_condition` picks;
+    None when the fence leaves no row to move."""
+    table = Item._meta.db_table
+    sets, params = _set_clauses(transition_, ids, now, reason, values)
+    where = [id_condition, f"status IN ({placeholders(len(transition_.sources))})"]
+    params += id_params + list(transition_.sources)
+    if expected_attempts is not None:
+        # Group by attempt number: a batch holds few distinct numbers, so this stays small.
+        groups: dict[int, list[int]] = {}
+        for item_id in ids:
+            if item_id in expected_attempts:
+                groups.setdefault(expected_attempts[item_id], []).append(item_id)
+        if not groups:
+            return None
+        fence = []
+        for number, members in groups.items():
+            fence.append(f"(attempts = %s AND id IN ({placeholders(len(members))}))")
+            params += [number, *members]
+        where.append("(" + " OR ".join(fence) + ")")
+    if guard is not None:
+        where.append(f"({guard[0]})")
+        params += guard[1]
+    if transition_.name == "requeue":
+        # A retry must not create a second live item with the same identifier.
+        where.append(
+            f"NOT EXISTS (SELECT 1 FROM {table} AS live WHERE live.queue_id = {table}.queue_id "
+            f"AND live.identifier = {table}.identifier AND live.{_live_status_sql()})"
+        )
+    sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING {RETURNED}"
+    return sql, params
+
+
+def _move(transition_: Transition, ids: list[int], now: datetime, actor: str, reason: str,
+          expected_attempts: Mapping[int, int] | None, values: Mapping[int, Mapping],
+          guard: tuple[str, list] | None = None) -> list[Changed]:
+    """One chunk: the guarded UPDATE and its records."""
+    try:
+        # Only a requeue recovers from an error here, so only it pays for a savepoint.
+        with transaction.atomic(savepoint=transition_.name == "requeue"):
+            if _records_in_sql(transition_, values):
+                return _update_recorded(transition_, "id = ANY(%s::bigint[])", [ids], ids, now,
+                                        actor, reason, expected_attempts, guard)
+            changed = _update(transition_, ids, now, reason, expected_attempts, values, guard)
+            _record(transition_, changed, now, actor, reason, values)
+            return changed
+    except IntegrityError:
+        if transition_.name != "requeue" or len(ids) == 1:
+            raise
+        # A concurrent enqueue took one of the identifiers between our check and our write:
+        # redo the chunk item by item so only that one is skipped.
+        changed = []
+        for item_id in ids:
+            try:
+                changed += _move(transition_, [item_id], now, actor, reason, expected_attempts,
+                                 values)
+            except IntegrityError:
+                continue
+        return changed
+
+
+def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
+            expected_attempts: Mapping[int, int] | None, values: Mapping[int, Mapping],
+            guard: tuple[str, list] | None) -> list[Changed]:
+    statement = _update_sql(transition_, f"id IN ({placeholders(len(ids))})", ids, ids, now,
+                            reason, expected_attempts, values, guard)
+    if statement is None:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(*statement)
+        return [_changed(row) for row in cursor.fetchall()]
+
+
+def _changed(row) -> Changed:
+    return Changed(id=row[0], queue_id=row[1], account=row[2], identifier=row[3],
+                   from_status=row[4], attempts=row[5], started_at=from_db_datetime(row[6]),
+                   token=row[7])
+
+
+def _records_in_sql(transition_: Transition, values: Mapping[int, Mapping]) -> bool:
+    """Transitions whose records need nothing but the moved rows (no per-item errors,
+    attempts or dead letters) are written in the UPDATE's own statement on PostgreSQL."""
+    return (is_postgres() and not values and transition_.attempt_outcome is None
+            and not transition_.dead_letter)
+
+
+def _update_recorded(transition_: Transition, id_condition: str, id_params: list,
+                     ids: list[int], now: datetime, actor: str, reason: str,
+                     expected_attempts: Mapping[int, int] | None,
+                     guard: tuple[str, list] | None) -> list[Changed]:
+    """PostgreSQL: the UPDATE, the events and counter deltas of the rows it moved (and, for a
+    requeue, their dead letters marked replayed) in one statement, so a selector round or a
+    bulk step pays one round trip and ships no rows to the database."""
+    statement = _update_sql(transition_, id_condition, id_params, ids, now, reason,
+                            expected_attempts, {}, guard)
+    if statement is None:
+        return []
+    update_sql, params = statement
+    at, minute = to_db_datetime(now), to_db_datetime(now.replace(second=0, microsecond=0))
+    parts = [
+        f"moved AS ({update_sql})",
+        f"events AS (INSERT INTO {ItemEvent._meta.db_table} ({', '.join(EVENT_COLUMNS)}) "
+        f"SELECT id, queue_id, account, identifier, %s, previous_status, %s, attempts, %s, %s, "
+        f"%s FROM moved)",
+        # Each row leaves its previous status and enters the target; run_now's -1 and +1 on
+        # the same status cancel out and are not written.
+        f"deltas AS (INSERT INTO {CounterDelta._meta.db_table} (queue_id, status, delta, "
+        f"minute) SELECT queue_id, d.status, SUM(d.delta), %s FROM moved CROSS JOIN LATERAL "
+        f"(VALUES (previous_status, -1), (%s, 1)) AS d(status, delta) "
+        f"GROUP BY queue_id, d.status HAVING SUM(d.delta) <> 0)",
+    ]
+    params += [transition_.event, transition_.target, at, actor, _clip_error(reason),
+               minute, transition_.target]
+    if transition_.name == "requeue":
+        parts.append(
+            f"replayed AS (UPDATE {DeadLetter._meta.db_table} SET replayed_at = %s, "
+            f"replayed_by = %s WHERE item_id IN (SELECT id FROM moved) "
+            f"AND replayed_at IS NULL)")
+        params += [at, actor]
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(parts)} SELECT {RETURNED} FROM moved", params)
+        rows = cursor.fetchall()
+    if rows:
+        notify_events_written()
+    return [_changed(row) for row in rows]
+
+
+def _drop_requeue_duplicates(ids: list[int], result: TransitionResult) -> list[int]:
+    """Two finished items with one identifier cannot both become live: keep the newest."""
+    newest: dict[tuple[int, str], int] = {}
+    rows: list[tuple[int, int, str]] = []
+    for chunk in chunked(ids, BATCH_LIMIT):
+        rows += Item.objects.filter(pk__in=chunk).values_list("pk", "queue_id", "identifier")
+    for pk, queue_id, identifier in sorted(rows):
+        key = (queue_id, identifier)
+        if key in newest:
+            result.skipped[newest[key]] = "a newer item with the same identifier is also selected"
+        newest[key] = pk
+    dropped = set(result.skipped)
+    return [pk for pk in ids if pk not in dropped]
+
+
+def _record(transition_: Transition, changed: list[Changed], now: datetime, actor: str,
+            reason: str, values: Mapping[int, Mapping]):
+    """Events, counter deltas, attempts and dead letters of the rows a transition moved."""
+    if not changed:
+        return
+    at = to_db_datetime(now)
+
+    def data(row: Changed) -> Mapping:
+        return values.get(row.id, {})
+
+    def error(row: Changed) -> str:
+        return _clip_error(data(row).get("error") or reason)
+
+    insert_rows(ItemEvent, EVENT_COLUMNS, [
+        (row.id, row.queue_id, row.account, row.identifier, transition_.event, row.from_status,
+         transition_.target, row.attempts, at, actor, error(row))
+        for row in changed
+    ])
+    notify_events_written()
+    deltas: Counter = Counter()
+    for row in changed:
+        deltas[(row.queue_id, row.from_status)] -= 1
+        deltas[(row.queue_id, transition_.target)] += 1
+    counters.record(deltas, now)
+
+    if transition_.attempt_outcome:
+        result_field = Attempt._meta.get_field("result")
+        insert_rows(Attempt, ATTEMPT_COLUMNS, [
+            (row.id, row.attempts, to_db_datetime(data(row).get("started_at") or row.started_at),
+             to_db_datetime(data(row).get("finished_at") or now),
+             transition_.attempt_outcome, error(row),
+             (data(row).get("traceback") or "")[-TRACEBACK_LIMIT:], data(row).get("worker", ""),
+             result_field.get_db_prep_save(data(row).get("result"), connection))
+            for row in changed
+        ])
+    if transition_.dead_letter:
+        default_reason = WORKER_LOST if transition_.event == "lost" else "permanent"
+        insert_rows(DeadLetter, DEAD_LETTER_COLUMNS, [
+            (row.id, row.queue_id, row.account, data(row).get("dead_reason", default_reason),
+             error(row), row.attempts, at, "")
+            for row in changed
+        ])
+    if transition_.name == "requeue":
+        DeadLetter.objects.filter(
+            item_id__in=[row.id for row in changed], replayed_at__isnull=True
+        ).update(replayed_at=now, replayed_by=actor)
+
+
+def _explain_skipped(transition_: Transition, result: TransitionResult,
+                     expected_attempts: Mapping[int, int] | None) -> dict[int, str]:
+    moved = set(result.changed_ids) | set(result.skipped)
+    rest = [pk for pk in result.requested if pk not in moved]
+    if not rest:
+        return {}
+    reasons = {pk: "no such item" for pk in rest}
+    for chunk in chunked(rest, BATCH_LIMIT):
+        for pk, status, attempts in Item.objects.filter(pk__in=chunk).values_list(
+            "pk", "status", "attempts"
+        ):
+            if status not in transition_.sources:
+                label = Status(status).label.lower()
+                if transition_.name == "cancel" and status == Status.RUNNING:
+                    reasons[pk] = "it is running; running items are not cancelled mid-flight"
+                else:
+                    reasons[pk] = f"it is {label}"
+            elif expected_attempts is not None and expected_attempts.get(pk) != attempts:
+                reasons[pk] = (f"attempt {expected_attempts.get(pk)} is stale; "
+                               f"the item is on attempt {attempts}")
+            elif transition_.name == "requeue":
+                reasons[pk] = "its identifier is live again on another item"
+            else:
+                reasons[pk] = "it changed concurrently"
+    return reasons
+
+
+def _clip_error(message: str | None) -> str:
+    return (message or "")[:ERROR_LIMIT]
+
+
+# --- the transitions callers use -------------------------------------------------------------
+
+def retry_delay(backoff_seconds: list[int], retry_number: int,
+                rng: random.Random = random) -> float:
+    """Seconds before retry number `retry_number` (1-based), with +-10% jitter so that items
+    failing together do not all come back in the same second. The last delay repeats."""
+    base = backoff_seconds[min(retry_number, len(backoff_seconds)) - 1]
+    return base * rng.uniform(0.9, 1.1)
+
+
+def finish(queue: Queue, outcomes: Iterable[Outcome], *, worker: str,
+           actor: str = "worker") -> dict[str, TransitionResult]:
+    """Record the outcome of running attempts: one statement per outcome kind."""
+    return _settle(queue, list(outcomes), lost=False, worker=worker, actor=actor)
+
+
+def delete_finished(queue_id: int, ids: list[int]) -> Counter:
+    """Delete finished items (retention, or an Admin's purge of dead letters) with their
+    attempts, dead letters and events; the counters lose them in the same transaction. An item
+    that is live again by now is left alone, with its history."""
+    deleted: Counter = Counter()
+    if not ids:
+        return deleted
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        # The items first: the row lock makes a concurrent requeue wait, and only rows that
+        # were still finished take their attempts, dead letters and events with them.
+        cursor.execute(
+            f"DELETE FROM {Item._meta.db_table} WHERE queue_id = %s AND id IN "
+            f"({placeholders(len(ids))}) AND status IN ({placeholders(len(FINISHED_STATUSES))}) "
+            f"RETURNING id, status", [queue_id, *ids, *FINISHED_STATUSES])
+        gone = cursor.fetchall()
+        if not gone:
+            return deleted
+        gone_ids = [pk for pk, _ in gone]
+        marks = placeholders(len(gone_ids))
+        for model in (Attempt, DeadLetter, ItemEvent):
+            cursor.execute(f"DELETE FROM {model._meta.db_table} WHERE item_id IN ({marks})",
+                           gone_ids)
+            deleted[model._meta.verbose_name_plural] += cursor.rowcount
+        by_status = Counter(status for _, status in gone)
+        counters.record({(queue_id, status): -n for status, n in by_status.items()},
+                        timezone.now())
+        deleted["items"] += len(gone)
+    return deleted
+
+
+def rescue_lost(queue: Queue, attempts: Mapping[int, int], *, actor: str = "sweeper",
+                error: str = WORKER_LOST) -> dict[str, TransitionResult]:
+    """Dispatched or running items whose worker vanished: the attempt counts, then retry or fail."""
+    outcomes = [Outcome(item_id=pk, attempt=n, error=error) for pk, n in attempts.items()]
+    return _settle(queue, outcomes, lost=True, worker="", actor=actor)
+
+
+def claim(batch: Iterable[Sequence[int]], cluster: str) -> dict[int, int]:
+    """A worker task's claim on its dispatched batch, before it starts anything: the items still
+    dispatched under the batch's token (attempt number and dispatch token) and claimed by no
+    one take the cluster's name, so that a cluster that stops beating can be told what it held.
+    Entries are [id, attempt, token], or [id, attempt] from tasks queued before tokens existed.
+    Returns {item id: attempt number} of what this batch now holds."""
+    groups: dict[tuple, list[int]] = {}
+    for entry in batch:
+        groups.setdefault(tuple(entry[1:3]), []).append(int(entry[0]))
+    if not groups:
+        return {}
+    fence, params = [], [cluster, Status.DISPATCHED]
+    for key, members in groups.items():
+        token = "AND dispatch_token = %s" if len(key) > 1 else ""
+        fence.append(f"(attempts = %s {token} AND id IN ({placeholders(len(members))}))")
+        params += [*key, *members]
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Item._meta.db_table} SET cluster = %s WHERE status = %s AND cluster = '' "
+            f"AND ({' OR '.join(fence)}) RETURNING id, attempts", params)
+        return dict(cursor.fetchall())
+
+
+def claim_waiting(queue_id: int, cluster: str, limit: int) -> list[list[int]]:
+    """Items of the queue dispatched to a batch that no worker has picked up yet (all worker
+    processes busy), claimed for a running batch with idle threads: the waiting batch finds them
+    claimed and does nothing. Oldest dispatch first. Returns [id, attempt, dispatch token]."""
+    table = Item._meta.db_table
+    lock = "FOR UPDATE SKIP LOCKED" if is_postgres() else ""
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET cluster = %s WHERE cluster = '' AND status = %s AND id IN "
+            f"(SELECT id FROM {table} WHERE queue_id = %s AND status = %s AND cluster = '' "
+            f"ORDER BY dispatched_at, id LIMIT %s {lock}) RETURNING id, attempts, dispatch_token",
+            [cluster, Status.DISPATCHED, queue_id, Status.DISPATCHED, limit])
+        return [list(row) for row in cursor.fetchall()]
+
+
+def claimed_by(cluster: str, tokens: Iterable[int] = ()) -> tuple[str, list]:
+    """The guard of a worker's own transitions on items it claimed (see `claim`)."""
+    tokens = sorted(set(tokens))
+    if not tokens:
+        return "cluster = %s", [cluster]
+    return f"cluster = %s AND dispatch_token IN ({placeholders(len(tokens))})", [cluster, *tokens]
+
+
+def _settle(queue: Queue, outcomes: list[Outcome], *, lost: bool, worker: str,
+            actor: str) -> dict[str, TransitionResult]:
+    now = timezone.now()
+    groups: dict[str, dict[int, dict]] = {"complete": {}, "retry": {}, "fail": {}}
+    fences: dict[int, int] = {}
+    for outcome in outcomes:
+        fences[outcome.item_id] = outcome.attempt
+        data = {"worker": outcome.worker or worker, "error": outcome.error,
+                "traceback": outcome.traceback, "result": outcome.result,
+                "started_at": outcome.started_at, "finished_at": outcome.finished_at}
+        exhausted = outcome.attempt >= 1 + queue.max_retries
+        if outcome.error is None:
+            groups["complete"][outcome.item_id] = data
+        elif outcome.permanent or exhausted:
+            data["dead_reason"] = ("permanent" if outcome.permanent
+                                   else WORKER_LOST if lost else "exhausted")
+            groups["fail"][outcome.item_id] = data
+        else:
+            delay = outcome.delay
+            if delay is None:
+                delay = retry_delay(queue.backoff_seconds, outcome.attempt)
+            data["run_at"] = now + timedelta(seconds=delay)
+            groups["retry"][outcome.item_id] = data
+    results = {}
+    with transaction.atomic(savepoint=False):
+        for kind, items in groups.items():
+            if not items:
+                continue
+            action = f"lost_{kind}" if lost else kind
+            results[kind] = apply(action, list(items), actor=actor, expected_attempts=fences,
+                                  values=items)
+    return results

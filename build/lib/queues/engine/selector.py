@@ -1,0 +1,407 @@
+"""The fair selector: one round per queue picks ready items across accounts and dispatches them.
+
+A round reads only the demand it needs (the next accounts after the cursor, each counted up to
+a fair share plus one), plans with fairness.plan_batch, claims the items, marks them dispatched
+through the lifecycle and enqueues one worker task for the whole batch, all in one transaction:
+the task row is written with the items' new status or not at all.
+"""
+
+import logging
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, Sum
+from django.utils import timezone
+from django_q.tasks import async_task
+
+from queues.engine import counters, heartbeat, lease, lifecycle, stream, sweeper
+from queues.engine.db import insert_rows, is_postgres, placeholders, to_db_datetime
+from queues.engine.fairness import plan_batch
+from queues.models import (
+    IN_FLIGHT_STATUSES,
+    READY_STATUSES,
+    AccountPolicy,
+    GlobalPause,
+    Item,
+    Queue,
+    SelectorRound,
+    SelectorState,
+)
+
+log = logging.getLogger(__name__)
+LOCK_NAMESPACE = 7_466_001  # first key of the advisory lock; the queue id is the second
+READY_SQL = "status IN ('queued', 'retry')"  # the ready-set partial index's predicate
+IDLE_SECONDS = 1.0  # longest wait between passes when nothing wakes the loop
+SQLITE_POLL_SECONDS = 0.25
+COALESCE_SECONDS = 0.05
+RENEW_SECONDS = 0.5  # a waiting successor takes over within about this long
+RESCUE_SECONDS = 5.0
+# The loop ends this long before the django-q2 task timeout would kill it.
+LOOP_MARGIN_SECONDS = 30
+ROUND_COLUMNS = ("queue_id", "started_at", "duration_ms", "taken", "accounts", "allocation",
+                 "cursor")
+
+
+@dataclass
+class Round:
+    queue: str
+    taken: dict[str, int] = field(default_factory=dict)
+    skipped: str = ""  # why the round did not select: "busy", "paused", "full", ...
+    capacity: int = 0
+    duration_ms: float = 0.0
+    item_ids: list[int] = field(default_factory=list)
+    batch: list[list[int]] = field(default_factory=list)  # [id, attempt, dispatch token]
+
+    @property
+    def total(self) -> int:
+        return sum(self.taken.values())
+
+    @property
+    def filled(self) -> bool:
+        """The round took a whole batch: more work is likely waiting, so go on at once."""
+        return self.capacity > 0 and self.total == self.capacity
+
+
+def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None) -> Round:
+    """One round. The selector loop's rounds hand their batch to a new worker task; a running
+    batch with idle threads asks for at most `limit` items `for_cluster` (its own) and gets them
+    claimed for it, in the same transaction, to run at once."""
+    result = Round(queue=queue.key)
+    with transaction.atomic():
+        if not _try_lock(queue):
+            result.skipped = "busy"
+            return result
+        # Timed from holding the lock to just before commit, so recorded rounds of one queue
+        # never overlap.
+        started, now = time.perf_counter(), timezone.now()
+        state = _refresh_settings(queue)
+        previous_cursor = state.cursor
+        if queue.paused or state.globally_paused:
+            result.skipped = "paused globally" if state.globally_paused else "paused"
+            return result
+        result.capacity = _capacity(queue, now, state.in_flight)
+        if limit is not None:
+            result.capacity = min(result.capacity, limit)
+        if result.capacity <= 0:
+            result.skipped = "full"
+            return result
+        # Most queues have no account policies: then there is nothing to read.
+        policies = list(AccountPolicy.objects.filter(queue=queue)) if state.has_policies else []
+        excluded, caps, weights = _apply_policies(queue, policies)
+        accounts = _next_accounts(queue, now, previous_cursor, result.capacity, excluded)
+        demand, plan, cursor = _plan(queue, now, accounts, result.capacity, previous_cursor,
+                                     caps, weights)
+        if (not for_cluster and state.in_flight and result.capacity < _fill(queue)
+                and sum(plan.values()) == result.capacity
+                and _ready_beyond(queue, now, result.capacity)):
+            # Under a backlog, a little freed capacity is left to the running batches, which
+            # take it at once (worker top-ups); a new batch waits until half a batch is free,
+            # so that it is worth a worker task.
+            result.skipped = "waiting for a fuller batch"
+            return result
+        if plan and sum(plan.values()) == sum(demand.values()):
+            # All the demand we read was met, but it may be only the next accounts of a longer
+            # ring: carry on after the last one served (accounts are in ring order).
+            cursor = [account for account in accounts if plan.get(account)][-1]
+        if plan:
+            dispatched = lifecycle.apply_selected("dispatch", *_claim_sql(queue, now, plan),
+                                                  actor="selector")
+            result.item_ids = [row.id for row in dispatched]
+            result.batch = [[row.id, row.attempts, row.token] for row in dispatched]
+            for row in dispatched:
+                result.taken[row.account] = result.taken.get(row.account, 0) + 1
+            if dispatched and for_cluster:
+                lifecycle.claim(result.batch, for_cluster)
+            elif dispatched:
+                async_task("queues.engine.worker.run_batch", queue.pk, result.batch,
+                           task_name=f"{queue.key} batch of {len(dispatched)}")
+            result.duration_ms = (time.perf_counter() - started) * 1000
+            # Empty rounds change nothing and are not recorded: an idle queue is polled every
+            # second.
+            _record_round(queue, now, cursor or "", result)
+    if not result.taken:
+        result.skipped = "nothing ready"
+    return result
+
+
+def tick(seconds: float | None = None, idle_sleep: float = IDLE_SECONDS) -> dict[str, int]:
+    """The scheduled task (every minute, and once when a cluster starts): the selector loop.
+
+    It takes the lease from the running loop, which hands over at once, so the loop passes from
+    tick to tick without a gap, and then passes over every queue that is not paused: the next
+    pass at once while some round filled its batch, otherwise when an item is enqueued or ends
+    (LISTEN/NOTIFY on PostgreSQL, a short poll on SQLite) or after `idle_sleep`. Every few
+    seconds it rescues the items of clusters that stopped beating. It ends when a newer tick
+    takes over, its cluster shuts down, or after `seconds` (by default as long as the task
+    timeout allows). Returns the items taken per queue."""
+    me = f"{heartbeat.worker_id()}:{secrets.token_hex(4)}"
+    if seconds is None:
+        seconds = settings.Q_CLUSTER["timeout"] - LOOP_MARGIN_SECONDS
+    if not lease.acquire(me, wait=lease.TTL_SECONDS + 5):
+        return {}
+    taken: Counter = Counter()
+    deadline = time.monotonic() + seconds
+    renew_at = rescue_at = 0.0
+    try:
+        with _Wakeups() as wakeups:
+            while time.monotonic() < deadline and heartbeat.stopping_since() is None:
+                if time.monotonic() >= renew_at:
+                    if lease.renew(me) != lease.HELD:
+                        break
+                    renew_at = time.monotonic() + RENEW_SECONDS
+                if time.monotonic() >= rescue_at:
+                    started = timezone.now()
+                    if rescued := sweeper.rescue_silent_clusters(started):
+                        # Shown with the sweeper's runs: what the loop changed, when.
+                        sweeper.record_run(started, dict(rescued))
+                    rescue_at = time.monotonic() + RESCUE_SECONDS
+                go_on = False
+                for queue in Queue.objects.filter(paused=False):
+                    result = run_round(queue)
+                    taken[queue.key] += result.total
+                    go_on |= result.filled
+                if not go_on:
+                    wakeups.wait(min(idle_sleep, max(0.0, deadline - time.monotonic()),
+                                     max(0.0, renew_at - time.monotonic())))
+    finally:
+        lease.release(me)
+    if any(taken.values()):
+        log.info("selector dispatched %s", dict(taken))
+    return dict(taken)
+
+
+class _Wakeups:
+    """Waits until an item may have become ready or capacity freed: every transition's
+    transaction notifies the events channel on PostgreSQL (queues.engine.stream); SQLite polls."""
+
+    def __enter__(self):
+        self.listening = None
+        return self
+
+    def wait(self, timeout: float):
+        if not is_postgres():
+            time.sleep(min(timeout, SQLITE_POLL_SECONDS))
+            return
+        raw = connection.connection
+        if raw is None or raw is not self.listening:  # a new connection listens anew
+            with connection.cursor() as cursor:
+                cursor.execute(f"LISTEN {stream.CHANNEL}")
+            raw = self.listening = connection.connection
+        if next(raw.notifies(timeout=timeout, stop_after=1), None) is not None:
+            # Outcomes and enqueues arrive in bursts: gather a little before the next pass.
+            time.sleep(COALESCE_SECONDS)
+            for _ in raw.notifies(timeout=0):
+                pass
+
+    def __exit__(self, *exc):
+        if self.listening is not None and self.listening is connection.connection:
+            # The connection outlives this task in the worker: stop collecting notifications.
+            with connection.cursor() as cursor:
+                cursor.execute("UNLISTEN *")
+
+
+@dataclass(frozen=True)
+class RoundState:
+    cursor: str
+    globally_paused: bool
+    in_flight: int
+    has_policies: bool
+
+
+def _refresh_settings(queue: Queue) -> RoundState:
+    """Re-read, in one statement, what may have changed since the queue was loaded (pause,
+    sizes), the cursor, the global pause, the items in flight and whether any account has a
+    policy."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT q.paused, q.batch_size, q.concurrency, q.rate_limit_per_minute, s.cursor, "
+            f"COALESCE(g.paused, %s), {counters.in_flight_sql()}, "
+            f"EXISTS (SELECT 1 FROM {AccountPolicy._meta.db_table} p WHERE p.queue_id = q.id) "
+            f"FROM {Queue._meta.db_table} q LEFT JOIN {SelectorState._meta.db_table} s "
+            f"ON s.queue_id = q.id LEFT JOIN {GlobalPause._meta.db_table} g ON g.id = 1 "
+            f"WHERE q.id = %s", [False, queue.pk, queue.pk, queue.pk])
+        (queue.paused, queue.batch_size, queue.concurrency, queue.rate_limit_per_minute,
+         cursor_value, globally_paused, in_flight, has_policies) = cursor.fetchone()
+    return RoundState(cursor_value or "", bool(globally_paused), int(in_flight),
+                      bool(has_policies))
+
+
+def _record_round(queue: Queue, now: datetime, cursor: str, result: Round):
+    """Saves the cursor and the round record (for the fairness view and the rate limit)."""
+    state_table = SelectorState._meta.db_table
+    with connection.cursor() as db:
+        db.execute(
+            f"INSERT INTO {state_table} (queue_id, cursor, last_round_at) VALUES (%s, %s, %s) "
+            f"ON CONFLICT (queue_id) DO UPDATE SET cursor = excluded.cursor, "
+            f"last_round_at = excluded.last_round_at",
+            [queue.pk, cursor, to_db_datetime(now)])
+    allocation = SelectorRound._meta.get_field("allocation").get_db_prep_save(
+        result.taken, connection)
+    insert_rows(SelectorRound, ROUND_COLUMNS, [
+        (queue.pk, to_db_datetime(now), result.duration_ms, result.total, len(result.taken),
+         allocation, cursor)
+    ])
+
+
+def _try_lock(queue: Queue) -> bool:
+    """One round per queue at a time across processes and machines. On SQLite the IMMEDIATE
+    transaction already holds the database's single write lock."""
+    if not is_postgres():
+        return True
+    with connection.cursor() as cursor:
+        # A round lost in a crash loses its items' dispatch and their worker task together (same
+        # transaction): they are simply ready again. So the round need not wait for its commit
+        # to reach the disk.
+        cursor.execute(
+            "SELECT pg_try_advisory_xact_lock(%s, %s), "
+            "set_config('synchronous_commit', 'off', true)", [LOCK_NAMESPACE, queue.pk])
+        return cursor.fetchone()[0]
+
+
+def _capacity(queue: Queue, now: datetime, in_flight: int) -> int:
+    capacity = min(queue.batch_size, queue.concurrency - in_flight)
+    if queue.rate_limit_per_minute is not None:
+        recent = SelectorRound.objects.filter(
+            queue=queue, started_at__gt=now - timedelta(minutes=1)
+        ).aggregate(n=Sum("taken"))["n"] or 0
+        capacity = min(capacity, queue.rate_limit_per_minute - recent)
+    return capacity
+
+
+def _fill(queue: Queue) -> int:
+    return max(1, min(queue.batch_size, queue.concurrency) // 2)
+
+
+def _ready_beyond(queue: Queue, now: datetime, count: int) -> bool:
+    """More than `count` items are ready: a backlog (count is below half a batch)."""
+    return Item.objects.filter(queue=queue, status__in=READY_STATUSES, run_at__lte=now).order_by(
+        ).values("id")[count:count + 1].exists()
+
+
+def _apply_policies(queue: Queue, policies: list[AccountPolicy]):
+    """Paused accounts and accounts at their in-flight cap have no demand this round."""
+    excluded = {p.account for p in policies if p.paused}
+    capped = [p for p in policies if p.max_in_flight is not None and not p.paused]
+    caps = {}
+    if capped:
+        in_flight = dict(
+            Item.objects.filter(queue=queue, account__in=[p.account for p in capped],
+                                status__in=IN_FLIGHT_STATUSES)
+            .values("account").annotate(n=Count("id")).values_list("account", "n")
+        )
+        for policy in capped:
+            room = policy.max_in_flight - in_flight.get(policy.account, 0)
+            if room <= 0:
+                excluded.add(policy.account)
+            else:
+                caps[policy.account] = room
+    weights = {p.account: p.weight for p in policies if p.weight != 1}
+    return excluded, caps, weights
+
+
+def _next_accounts(queue: Queue, now: datetime, cursor: str, limit: int,
+                   excluded: set[str]) -> list[str]:
+    """Accounts with due ready items in ring order after the cursor, at most `limit` of them:
+    a loose index scan that jumps from account to account, never reading all ready rows."""
+    found = _accounts_after(queue, now, cursor, limit, excluded)
+    if len(found) < limit and cursor:
+        found += [a for a in _accounts_after(queue, now, "", limit - len(found), excluded)
+                  if a <= cursor]
+    return found
+
+
+def _accounts_after(queue: Queue, now: datetime, after: str, limit: int,
+                    excluded: set[str]) -> list[str]:
+    table = Item._meta.db_table
+    not_excluded = (f"AND account NOT IN ({placeholders(len(excluded))})" if excluded else "")
+    step = (f"SELECT account FROM {table} WHERE queue_id = %s AND {READY_SQL} AND run_at <= %s "
+            f"AND account > {{prev}} {not_excluded} ORDER BY account LIMIT 1")
+    step_params = [queue.pk, to_db_datetime(now)]
+    sql = (
+        f"WITH RECURSIVE accounts(account, n) AS ("
+        f" SELECT ({step.format(prev='%s')}), 1"
+        f" UNION ALL"
+        f" SELECT ({step.format(prev='accounts.account')}), n + 1 FROM accounts"
+        f" WHERE accounts.account IS NOT NULL AND n < %s"
+        f") SELECT account FROM accounts WHERE account IS NOT NULL"
+    )
+    params = [*step_params, after, *excluded, *step_params, *excluded, limit]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _plan(queue: Queue, now: datetime, accounts: list[str], capacity: int, cursor: str,
+          caps: dict[str, int], weights: dict[str, int]):
+    """Counts each account's due items only as far as the plan can use them.
+
+    With more accounts than slots at equal weight each takes one item, which the loose scan
+    already proved is there. Otherwise a first count stops at a fair share plus one; only if an
+    account used all of that (the others lacking work) is it counted again up to the batch.
+    """
+    if len(accounts) >= capacity and not weights:
+        demand = dict.fromkeys(accounts, 1)
+        return demand, *plan_batch(demand, capacity, cursor or None)
+    total_weight = sum(weights.get(a, 1) for a in accounts) or 1
+    limits = {a: min(capacity, caps.get(a, capacity),
+                     -(-capacity * weights.get(a, 1) // total_weight) + 1) for a in accounts}
+    demand = _demand(queue, now, limits)
+    plan, next_cursor = plan_batch(demand, capacity, cursor or None, weights)
+    short = [a for a, n in demand.items() if n == limits[a] and plan.get(a) == n]
+    if short:
+        limits = {a: min(capacity, caps.get(a, capacity)) for a in accounts}
+        demand = _demand(queue, now, limits)
+        plan, next_cursor = plan_batch(demand, capacity, cursor or None, weights)
+    return demand, plan, next_cursor
+
+
+def _demand(queue: Queue, now: datetime, limits: dict[str, int]) -> dict[str, int]:
+    """Due ready items per account, each counted only up to its limit."""
+    if not limits:
+        return {}
+    table = Item._meta.db_table
+    due = f"queue_id = %s AND {READY_SQL} AND run_at <= %s"
+    if is_postgres():
+        # One statement planned once, whatever the number of accounts.
+        values = ", ".join(["(%s, %s)"] * len(limits))
+        sql = (f"SELECT p.account, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {due} "
+               f"AND account = p.account LIMIT p.n) AS d) FROM (VALUES {values}) AS p(account, n)")
+        params = [queue.pk, to_db_datetime(now), *(v for pair in limits.items() for v in pair)]
+    else:
+        parts, params = [], []
+        for account, limit in limits.items():
+            parts.append(f"SELECT %s, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {due} "
+                         f"AND account = %s LIMIT %s) AS d)")
+            params += [account, queue.pk, to_db_datetime(now), account, limit]
+        sql = " UNION ALL ".join(parts)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {account: count for account, count in cursor.fetchall() if count}
+
+
+def _claim_sql(queue: Queue, now: datetime, plan: dict[str, int]) -> tuple[str, list]:
+    """The ids of the planned number of items per account: highest priority, then oldest
+    ready, first. PostgreSQL skips rows another transaction holds (an admin cancelling them,
+    say)."""
+    table = Item._meta.db_table
+    order = "ORDER BY priority DESC, run_at, id"
+    due = f"queue_id = %s AND {READY_SQL} AND run_at <= %s"
+    if is_postgres():
+        values = ", ".join(["(%s, %s)"] * len(plan))
+        sql = (f"SELECT c.id FROM (VALUES {values}) AS p(account, n) CROSS JOIN LATERAL "
+               f"(SELECT id FROM {table} WHERE {due} AND account = p.account {order} "
+               f"LIMIT p.n FOR UPDATE SKIP LOCKED) AS c")
+        params = [v for account, n in plan.items() for v in (account, n)]
+        params += [queue.pk, to_db_datetime(now)]
+        return sql, params
+    parts, params = [], []
+    for account, n in plan.items():
+        parts.append(f"SELECT id FROM (SELECT id FROM {table} WHERE {due} AND account = %s "
+                     f"{order} LIMIT %s)")
+        params += [queue.pk, to_db_datetime(now), account, n]
+    return " UNION ALL ".join(parts), params

@@ -1,0 +1,195 @@
+"""The sweeper: rescues items whose worker vanished, prunes what is past retention, folds the
+counter deltas, and records every run (empty ones too) as its liveness signal.
+
+Each step handles one bounded batch in one short transaction and says whether to go on at
+once; `run` repeats steps for a while. Steps are safe to repeat and to race: rescue goes through
+the lifecycle (fenced by attempt number) and pruning deletes by id.
+"""
+
+import logging
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from queues.engine import bulk, counters, heartbeat, lifecycle
+from queues.engine.db import is_postgres, to_db_datetime
+from queues.engine.logfields import item_fields
+from queues.models import (
+    FINISHED_STATUSES,
+    IN_FLIGHT_STATUSES,
+    Item,
+    OutcomeMinute,
+    Queue,
+    SelectorRound,
+    Status,
+    SweepRun,
+)
+
+log = logging.getLogger(__name__)
+BATCH = 2000  # rows per transaction: short enough never to hold locks for long
+LOCK_KEY = 7_466_002
+ROUND_RETENTION = timedelta(days=1)
+ROLLUP_RETENTION = timedelta(days=7)
+RUN_RETENTION = timedelta(days=30)
+# A bulk operation's steps run every few seconds; one silent this long lost its worker task.
+BULK_STEP_LOST_AFTER = timedelta(minutes=2)
+
+
+def run(seconds: float = 240.0) -> dict[str, int] | None:
+    """The scheduled task: steps until nothing is left or time is up; records the run.
+    Returns what changed, or None when another sweeper is running."""
+    started = timezone.now()
+    totals: Counter = Counter()
+    deadline = time.monotonic() + seconds
+    with _single_runner() as alone:
+        if not alone:
+            return None
+        while True:
+            changed, more = step()
+            totals.update(changed)
+            if not more or time.monotonic() > deadline:
+                break
+        totals["counter deltas folded"] += counters.rollup()
+        totals["bulk operations resumed"] += bulk.resume_lost(
+            timezone.now() - BULK_STEP_LOST_AFTER)
+    counts = {action: n for action, n in totals.items() if n}
+    record_run(started, counts)
+    if counts:
+        log.info("sweeper changed %s", counts)
+    return counts
+
+
+def record_run(started: datetime, counts: dict[str, int]):
+    SweepRun.objects.create(started_at=started, finished_at=timezone.now(), counts=counts)
+
+
+def step(now: datetime | None = None) -> tuple[Counter, bool]:
+    """One batch of each action for each queue; returns (what changed, go on at once?)."""
+    now = now or timezone.now()
+    changed: Counter = Counter()
+    more = False
+    for queue in Queue.objects.all():
+        for status, timeout in ((Status.DISPATCHED, queue.dispatch_timeout),
+                                (Status.RUNNING, queue.stale_threshold)):
+            rescued, full = _rescue(queue, status, now - timeout)
+            changed.update(rescued)
+            more |= full
+        pruned, full = _prune_items(queue, now - timedelta(days=queue.retention_days))
+        changed.update(pruned)
+        more |= full
+    for model, field, age in ((SelectorRound, "started_at", ROUND_RETENTION),
+                              (OutcomeMinute, "minute", ROLLUP_RETENTION),
+                              (SweepRun, "started_at", RUN_RETENTION)):
+        deleted, full = _prune_old(model, field, now - age)
+        changed[f"{model._meta.verbose_name_plural} pruned"] += deleted
+        more |= full
+    changed.update(rescue_silent_clusters(now))
+    # A handful of rows at most: clusters stopped or replaced a day ago.
+    changed["cluster heartbeats pruned"] += heartbeat.prune(now)
+    return changed, more
+
+
+def _rescue(queue: Queue, status: str, older_than: datetime) -> tuple[Counter, bool]:
+    """Items stuck dispatched or running: their attempt counts, then retry or dead letter."""
+    stuck = dict(
+        Item.objects.filter(queue=queue, status=status, updated_at__lt=older_than)
+        .order_by("updated_at").values_list("id", "attempts")[:BATCH]
+    )
+    changed: Counter = Counter()
+    if stuck:
+        results = lifecycle.rescue_lost(queue, stuck)  # one transaction for the whole batch
+        for kind, result in results.items():
+            changed[f"{status} items lost, {'retried' if kind == 'retry' else 'failed'}"] += len(
+                result.changed)
+            for row in result.changed:
+                log.warning("item %s lost with its worker while %s, %s", row.id, status,
+                            "retry scheduled" if kind == "retry" else "dead-lettered",
+                            extra=item_fields(queue.key, row.id, row.account,
+                                              attempt=row.attempts))
+    return changed, len(stuck) == BATCH
+
+
+def rescue_silent_clusters(now: datetime | None = None) -> Counter:
+    """Items held by clusters that stopped beating (killed, frozen, cut off), without waiting
+    for the dispatch timeout or the stale threshold: dispatched ones they never started are
+    released, running ones count a lost attempt. Both are fenced by the claim and attempt
+    number, so a frozen cluster that wakes up can record nothing. The selector loop runs this
+    every few seconds."""
+    now = now or timezone.now()
+    changed: Counter = Counter()
+    silent = heartbeat.silent_clusters(now)
+    if not silent:
+        return changed
+    held = Item.objects.filter(status__in=IN_FLIGHT_STATUSES, cluster__in=silent).values_list(
+        "queue_id", "cluster", "status", "id", "attempts")[:BATCH]
+    groups: dict[tuple, dict[int, int]] = {}
+    for queue_id, cluster, status, pk, attempts in held:
+        groups.setdefault((queue_id, cluster, status), {})[pk] = attempts
+    queues = Queue.objects.in_bulk({queue_id for queue_id, _, _ in groups})
+    for (queue_id, cluster, status), attempts in groups.items():
+        queue = queues[queue_id]
+        if status == Status.DISPATCHED:
+            result = lifecycle.apply(
+                "release", list(attempts), actor="selector", expected_attempts=attempts,
+                reason=f"cluster {cluster} stopped beating before starting it",
+                guard=("cluster = %s", [cluster]))
+            changed["dispatched items of silent clusters released"] += len(result.changed)
+            continue
+        results = lifecycle.rescue_lost(queue, attempts, actor="selector",
+                                        error=f"{lifecycle.WORKER_LOST}: cluster {cluster} "
+                                              f"stopped beating")
+        for kind, result in results.items():
+            changed[f"running items of silent clusters lost, "
+                    f"{'retried' if kind == 'retry' else 'failed'}"] += len(result.changed)
+            for row in result.changed:
+                log.warning("item %s lost with cluster %s, %s", row.id, cluster,
+                            "retry scheduled" if kind == "retry" else "dead-lettered",
+                            extra=item_fields(queue.key, row.id, row.account,
+                                              attempt=row.attempts))
+    if changed:
+        log.info("rescued from silent clusters %s: %s", silent, dict(changed))
+    return changed
+
+
+def _prune_items(queue: Queue, finished_before: datetime) -> tuple[Counter, bool]:
+    """Finished items past the queue's retention, with their attempts, events and dead
+    letters, a batch at a time."""
+    ids = list(
+        Item.objects.filter(queue=queue, status__in=FINISHED_STATUSES,
+                            finished_at__lt=finished_before)
+        .order_by("finished_at").values_list("id", flat=True)[:BATCH]
+    )
+    deleted = lifecycle.delete_finished(queue.pk, ids)
+    changed = Counter({f"{name} pruned": n for name, n in deleted.items()})
+    return changed, len(ids) == BATCH
+
+
+def _prune_old(model, field: str, before: datetime) -> tuple[int, bool]:
+    table = model._meta.db_table
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE {field} < %s "
+            f"LIMIT %s)", [to_db_datetime(before), BATCH])
+        return cursor.rowcount, cursor.rowcount == BATCH
+
+
+class _single_runner:
+    """One sweeper at a time across machines: a session advisory lock on PostgreSQL (each
+    step commits on its own); on SQLite every step's write transaction is serialised anyway."""
+
+    def __enter__(self) -> bool:
+        self.held = False
+        if not is_postgres():
+            return True
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY])
+            self.held = cursor.fetchone()[0]
+        return self.held
+
+    def __exit__(self, *exc):
+        if self.held:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])

@@ -1,0 +1,311 @@
+"""The worker side: a django-q2 task runs one dispatched batch.
+
+The task's own thread is the only one that writes. It claims the batch for its cluster, starts
+items only as handler threads become free (an item is `running` only while its handler runs),
+and records every outcome as soon as it arrives, with whatever else finished meanwhile in one
+transaction: a handler that returned is durable within a fraction of a second, whatever happens
+to the rest of its batch. Handler threads only run handlers.
+
+While the batch has idle threads (its items ended but a slow one still runs) and no other
+queue's batch waits for a worker, it takes more of its queue's items, claimed for its cluster:
+first those of its queue's batches still waiting for a worker process, then ready ones through a
+selector round of its own. Freed capacity is used at once, without a trip through django-q2's
+broker, and a long item no longer idles the worker process it holds.
+
+A handler that overruns its queue's handler timeout is recorded as timed out and its thread
+abandoned (a late result is refused by the attempt fence). Items not started when the batch's
+time runs out or its cluster shuts down are released, with no attempt spent.
+"""
+
+import json
+import logging
+import queue as queues
+import threading
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass
+
+from django.db import DatabaseError, close_old_connections, connection
+from django.utils import timezone
+
+from queues.conf import setting, task_timeout_seconds
+from queues.engine import handlers, heartbeat, lifecycle, selector
+from queues.engine.handlers import PermanentError, RetryableError, Task
+from queues.engine.logfields import item_fields
+from queues.models import Item, Queue, Status
+
+log = logging.getLogger(__name__)
+# Handler threads of one batch at most; a batch is at most 1000 items (the batch size's cap).
+MAX_THREADS = 1000
+TRACEBACK_FRAMES = 20
+# Characters of JSON kept of a handler's result: a summary, such as a webhook's status and its
+# 2,000-character body excerpt (which control characters escaped as \uXXXX can make 12,000).
+RESULT_LIMIT = 16_000
+# Time kept at the end of the django-q2 task timeout to record the last outcomes: the batch
+# returns before django-q2 would kill it.
+RECORD_MARGIN_SECONDS = 15
+# A batch asks for more items as soon as a thread is idle, but at most every 20 ms (a burst of
+# outcomes is one request), and after finding nothing, not again for a while: rounds take the
+# queue's lock.
+TOP_UP_SECONDS = 0.02
+TOP_UP_RETRY_SECONDS = 0.5
+WAIT_SECONDS = 0.5  # longest wait for an outcome before deadlines and shutdown are checked again
+DATABASE_RETRY_SECONDS = 30  # a database restart during a batch is waited out this long
+SHUTDOWN = "shutdown"
+
+
+def run_batch(queue_id: int, batch: list[list[int]]) -> dict[str, int]:
+    """Run the items of one dispatched batch ([id, attempt, dispatch token] each); returns how
+    many ended in each outcome, were released, or were stale (no longer this batch's)."""
+    return BatchRun(Queue.objects.get(pk=queue_id), batch).run()
+
+
+@dataclass
+class _Running:
+    task: Task
+    started: float  # time.monotonic() values
+    deadline: float  # past which the attempt has timed out
+
+
+class BatchRun:
+    def __init__(self, queue: Queue, batch: list[list[int]]):
+        self.queue = queue
+        self.began = time.monotonic()
+        task_timeout = task_timeout_seconds()
+        self.handler_timeout = queue.handler_timeout.total_seconds()
+        # The django-q2 task is killed at its timeout: every attempt ends before it, and the
+        # last item starts early enough to get its whole handler timeout.
+        self.must_end = self.began + task_timeout - RECORD_MARGIN_SECONDS
+        self.start_until = self.must_end - self.handler_timeout
+        self.cluster = heartbeat.this_cluster()
+        claimed = _retrying(lambda: lifecycle.claim(batch, self.cluster))
+        self.tokens = {int(e[0]): e[2] for e in batch if len(e) > 2}
+        self.pending = [int(entry[0]) for entry in batch if int(entry[0]) in claimed]
+        self.attempts = claimed
+        self.summary: Counter = Counter()
+        if len(batch) > len(claimed):
+            self.summary["stale"] = len(batch) - len(claimed)
+        self.function = handlers.get(queue.handler) or _unknown_handler(queue.handler)
+        self.threads_wanted = max(1, min(queue.concurrency, queue.batch_size, MAX_THREADS))
+        self.top_up_after = 0.0
+        self.threads_alive = 0
+        self.work: queues.SimpleQueue = queues.SimpleQueue()
+        self.results: queues.SimpleQueue = queues.SimpleQueue()
+        self.running: dict[int, _Running] = {}
+        self.abandoned: set[int] = set()
+
+    def run(self) -> dict[str, int]:
+        while self.pending or self.running:
+            stopping = heartbeat.stopping_since()
+            if self.pending and (stopping is not None or time.monotonic() > self.start_until):
+                self._release(SHUTDOWN if stopping is not None
+                              else "its batch ran out of time before starting it")
+            free = self.threads_wanted - len(self.running)
+            if not self.pending and stopping is None and self._may_top_up(free):
+                self._top_up(free)
+            if self.pending and free > 0:
+                self._start(self.pending[:free])
+            outcomes = self._collect()
+            outcomes += self._overdue(stopping)
+            self._record(outcomes)
+        for _ in range(self.threads_alive):
+            self.work.put(None)  # idle handler threads end
+        return dict(self.summary)
+
+    def _may_top_up(self, free: int) -> bool:
+        now = time.monotonic()
+        return (self.running and free > 0
+                and now >= self.top_up_after and now < self.start_until
+                and not _other_batches_wait(self.queue))
+
+    def _top_up(self, free: int):
+        """First the queue's items whose batch still waits for a worker process (one held by a
+        long item, say), then ready items through a selector round of our own."""
+        batch = _retrying(lambda: lifecycle.claim_waiting(self.queue.pk, self.cluster, free))
+        if not batch:
+            # Refreshed: an operator may have paused the queue or changed its concurrency.
+            self.queue.refresh_from_db()
+            batch = _retrying(lambda: selector.run_round(
+                self.queue, for_cluster=self.cluster, limit=free)).batch
+        self.top_up_after = time.monotonic() + (TOP_UP_SECONDS if batch else TOP_UP_RETRY_SECONDS)
+        if not batch:
+            return
+        self.tokens.update({pk: token for pk, _, token in batch})
+        self.attempts.update({pk: attempt for pk, attempt, _ in batch})
+        self.pending += [pk for pk, _, _ in batch]
+        self.summary["taken while running"] += len(batch)
+
+    def _guard(self, ids: list[int]) -> tuple[str, list]:
+        # The tokens of these items only: a batch that tops up for minutes holds many.
+        return lifecycle.claimed_by(self.cluster, {self.tokens[pk] for pk in ids
+                                                   if pk in self.tokens})
+
+    def _release(self, reason: str):
+        ids, self.pending = self.pending, []
+        result = _retrying(lambda: lifecycle.apply(
+            "release", ids, actor="worker", reason=reason,
+            expected_attempts={pk: self.attempts[pk] for pk in ids}, guard=self._guard(ids)))
+        self.summary["released"] += len(result.changed)
+
+    def _start(self, ids: list[int]):
+        self.pending = self.pending[len(ids):]
+        result = _retrying(lambda: lifecycle.apply(
+            "start", ids, actor="worker", expected_attempts={pk: self.attempts[pk] for pk in ids},
+            guard=self._guard(ids)))
+        if len(result.changed) < len(ids):
+            self.summary["stale"] += len(ids) - len(result.changed)
+        if not result.changed:
+            return
+        now = time.monotonic()
+        rows = Item.objects.filter(pk__in=result.changed_ids).values(
+            "id", "account", "identifier", "payload", "attempts")
+        for row in rows:
+            task = Task(item_id=row["id"], queue=self.queue.key, account=row["account"],
+                        identifier=row["identifier"], payload=row["payload"],
+                        attempt=row["attempts"], options=self.queue.handler_options)
+            self.running[task.item_id] = _Running(
+                task, now, min(now + self.handler_timeout, self.must_end))
+            self.work.put(task)
+        while self.threads_alive < len(self.running):
+            threading.Thread(target=self._serve, daemon=True,
+                             name=f"item-{self.queue.key}-{self.threads_alive}").start()
+            self.threads_alive += 1
+
+    def _serve(self):
+        """A handler thread: runs tasks until told to end, or until its handler overran (the
+        batch replaced it then)."""
+        while (task := self.work.get()) is not None:
+            self.results.put(_run_one(self.function, task))
+            if task.item_id in self.abandoned:
+                return
+
+    def _collect(self) -> list[lifecycle.Outcome]:
+        """Outcomes that arrived, waiting for the first until the nearest deadline."""
+        if not self.running:
+            return []
+        now = time.monotonic()
+        wait = min([WAIT_SECONDS, *(r.deadline - now for r in self.running.values())])
+        outcomes = []
+        try:
+            outcomes.append(self.results.get(timeout=max(0.0, wait)))
+            while True:
+                outcomes.append(self.results.get_nowait())
+        except queues.Empty:
+            pass
+        # A late outcome of an abandoned attempt was recorded as timed out already.
+        return [o for o in outcomes if self.running.pop(o.item_id, None) is not None]
+
+    def _overdue(self, stopping: float | None) -> list[lifecycle.Outcome]:
+        """Attempts past their handler timeout, and, once a shutdown's grace is over, every
+        attempt still running: their threads are abandoned and replaced."""
+        now = time.monotonic()
+        grace_over = (stopping is not None and time.time() - stopping
+                      > setting("SHUTDOWN_GRACE_SECONDS"))
+        outcomes = []
+        for item_id, running in list(self.running.items()):
+            if grace_over:
+                error, delay = SHUTDOWN, 0
+            elif now >= running.deadline:
+                error = (f"HandlerTimeout: still running after {now - running.started:.0f} s "
+                         f"(the queue's handler timeout is {self.handler_timeout:.0f} s)")
+                delay = None
+            else:
+                continue
+            del self.running[item_id]
+            self.abandoned.add(item_id)
+            self.threads_alive -= 1
+            outcomes.append(lifecycle.Outcome(item_id, running.task.attempt, error=error,
+                                              delay=delay))
+        return outcomes
+
+    def _record(self, outcomes: list[lifecycle.Outcome]):
+        if not outcomes:
+            return
+        results = _retrying(lambda: lifecycle.finish(self.queue, outcomes,
+                                                     worker=heartbeat.worker_id()))
+        for kind, result in results.items():
+            self.summary[kind] += len(result.changed)
+        _log_failures(self.queue, outcomes, results)
+
+
+def _other_batches_wait(queue: Queue) -> bool:
+    """Another queue's batch is dispatched but no worker has claimed it yet: the worker process
+    this batch holds should go back to django-q2 rather than keep serving its own queue."""
+    return Item.objects.filter(status=Status.DISPATCHED, cluster="").exclude(
+        queue=queue).exists()
+
+
+def _retrying(write):
+    """Run a database write, waiting out a database restart: every write here is fenced, so a
+    repeat after an unanswered commit changes nothing."""
+    deadline = time.monotonic() + DATABASE_RETRY_SECONDS
+    while True:
+        try:
+            return write()
+        except DatabaseError as exc:
+            if time.monotonic() > deadline or connection.in_atomic_block:
+                raise
+            log.warning("worker write failed, trying again: %s", exc)
+            connection.close()
+            time.sleep(1)
+
+
+def _unknown_handler(name: str):
+    def fail(task: Task):
+        raise PermanentError(f"unknown handler {name!r}")
+    return fail
+
+
+def _log_failures(queue: Queue, outcomes: list[lifecycle.Outcome], results: dict):
+    """One line per failed attempt, carrying queue, item and account as fields."""
+    errors = {outcome.item_id: outcome.error for outcome in outcomes if outcome.error}
+    for kind, verdict in (("retry", "retry scheduled"), ("fail", "dead-lettered")):
+        for row in results[kind].changed if kind in results else ():
+            log.warning("item %s attempt %s failed, %s: %s", row.id, row.attempts, verdict,
+                        errors.get(row.id, ""),
+                        extra=item_fields(queue.key, row.id, row.account, attempt=row.attempts))
+
+
+def _run_one(function, task: Task) -> lifecycle.Outcome:
+    started = timezone.now()
+    try:
+        result = function(task)
+    except PermanentError as exc:
+        return _failure(task, exc, started, permanent=True)
+    except RetryableError as exc:
+        return _failure(task, exc, started, delay=exc.delay)
+    except Exception as exc:  # any other error is retryable by contract
+        return _failure(task, exc, started)
+    finally:
+        # A handler that used the ORM opened a connection in this thread.
+        if connection.connection is not None:
+            close_old_connections()
+            connection.close()
+    return lifecycle.Outcome(task.item_id, task.attempt, result=_storable(result),
+                             started_at=started, finished_at=timezone.now(),
+                             worker=heartbeat.worker_id())
+
+
+def _storable(result):
+    """The handler's return value as the attempt keeps it. A value the JSON column cannot take
+    is replaced by a note: it would otherwise fail the statement recording the whole batch."""
+    if result is None:
+        return None
+    try:
+        text = json.dumps(result, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        return {"unsaved": f"not JSON-serialisable: {exc}"}
+    if "\\u0000" in text:
+        return {"unsaved": "contains NUL characters, which PostgreSQL's jsonb cannot store"}
+    if len(text) > RESULT_LIMIT:
+        return {"unsaved": f"{len(text)} characters of JSON, over the limit of {RESULT_LIMIT}"}
+    return result
+
+
+def _failure(task: Task, exc: BaseException, started, *, permanent=False, delay=None):
+    message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    trace = "".join(traceback.format_exception(exc, limit=TRACEBACK_FRAMES))
+    return lifecycle.Outcome(task.item_id, task.attempt, error=message, traceback=trace,
+                             permanent=permanent, delay=delay, started_at=started,
+                             finished_at=timezone.now(), worker=heartbeat.worker_id())

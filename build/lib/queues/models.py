@@ -1,0 +1,579 @@
+"""QueueAdmin's data model. Status changes never happen here: see queues/lifecycle.py."""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+from queues.conf import handler_timeout_error, setting, stale_threshold_error
+
+
+class Status(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    DISPATCHED = "dispatched", "Dispatched"
+    RUNNING = "running", "Running"
+    COMPLETE = "complete", "Complete"
+    RETRY = "retry", "Scheduled for Retry"
+    FAILED = "failed", "Permanent Failure"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+# An identifier is unique per queue among these statuses; after the item ends it may be reused.
+LIVE_STATUSES = (Status.QUEUED, Status.DISPATCHED, Status.RUNNING, Status.RETRY)
+READY_STATUSES = (Status.QUEUED, Status.RETRY)
+IN_FLIGHT_STATUSES = (Status.DISPATCHED, Status.RUNNING)
+FINISHED_STATUSES = (Status.COMPLETE, Status.FAILED, Status.CANCELLED)
+
+DEFAULT_BACKOFF_SECONDS = [120, 600, 1500, 2400, 2700]
+MAX_ACCOUNT_LENGTH = 200
+MAX_IDENTIFIER_LENGTH = 255
+
+key_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9_-]{0,63}$",
+    "Use 1-64 lowercase letters, digits, '-' or '_', starting with a letter or digit.",
+)
+
+
+def default_backoff():
+    return list(DEFAULT_BACKOFF_SECONDS)
+
+
+def default_sensitive_keys():
+    return ["password", "secret", "token", "api_key", "authorization"]
+
+
+def default_stale_threshold():
+    return timedelta(seconds=setting("STALE_THRESHOLD_SECONDS"))
+
+
+def default_handler_timeout():
+    return timedelta(seconds=setting("HANDLER_TIMEOUT_SECONDS"))
+
+
+def validate_backoff(value):
+    from django.core.exceptions import ValidationError
+
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ):
+        raise ValidationError(
+            "Backoff delays must be a non-empty list of whole seconds, e.g. [120, 600]."
+        )
+
+
+class Queue(models.Model):
+    key = models.CharField(max_length=64, unique=True, validators=[key_validator])
+    name = models.CharField(max_length=200)
+    handler = models.CharField(max_length=100, default="noop")
+    handler_options = models.JSONField(default=dict, blank=True)
+    batch_size = models.PositiveIntegerField(
+        default=60, validators=[MinValueValidator(1), MaxValueValidator(1000)]
+    )
+    concurrency = models.PositiveIntegerField(
+        default=100,
+        validators=[MinValueValidator(1)],
+        help_text="Most items of this queue dispatched or running at once.",
+    )
+    rate_limit_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most items started per minute; empty for no limit."
+    )
+    max_retries = models.PositiveSmallIntegerField(default=5, validators=[MaxValueValidator(100)])
+    backoff_seconds = models.JSONField(
+        default=default_backoff,
+        validators=[validate_backoff],
+        help_text="Delay before each retry in seconds (+-10% jitter); the last one repeats.",
+    )
+    dispatch_timeout = models.DurationField(default=timedelta(minutes=5))
+    stale_threshold = models.DurationField(default=default_stale_threshold)
+    handler_timeout = models.DurationField(
+        default=default_handler_timeout,
+        help_text="An attempt running longer is recorded as timed out (a retryable error) and "
+                  "its late result refused.",
+    )
+    retention_days = models.PositiveIntegerField(default=60, validators=[MinValueValidator(1)])
+    alert_dead_letters = models.PositiveIntegerField(default=100)
+    alert_depth = models.PositiveIntegerField(default=10_000)
+    alert_failures_per_hour = models.PositiveIntegerField(default=50)
+    paused = models.BooleanField(default=False, help_text="Drain mode: the selector skips it.")
+    paused_by = models.CharField(max_length=150, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    # Payload keys shown masked to Viewers (matched case-insensitively at any depth).
+    sensitive_keys = models.JSONField(default=default_sensitive_keys, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self):
+        return self.key
+
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        errors = {}
+        if self.stale_threshold and (error := stale_threshold_error(
+                self.stale_threshold.total_seconds())):
+            errors["stale_threshold"] = f"The stale threshold {error}."
+        if self.handler_timeout is not None and (error := handler_timeout_error(
+                self.handler_timeout.total_seconds())):
+            errors["handler_timeout"] = f"The handler timeout {error}."
+        if errors:
+            raise ValidationError(errors)
+
+
+class AccountPolicy(models.Model):
+    """Sparse per-(queue, account) overrides; accounts without a row use the defaults."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="policies",
+                              db_index=False)
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH)
+    weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    max_in_flight = models.PositiveIntegerField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    paused_by = models.CharField(max_length=150, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "account policies"
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "account"], name="policy_queue_account_uniq")
+        ]
+
+    def __str__(self):
+        return f"{self.queue_id}:{self.account}"
+
+
+class Item(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    # Indexed by the composite indexes below, which all start with the queue.
+    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="items",
+                              db_index=False)
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH)
+    identifier = models.CharField(max_length=MAX_IDENTIFIER_LENGTH)
+    payload = models.JSONField(default=dict, blank=True)
+    priority = models.SmallIntegerField(default=0)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    # Written by the same UPDATE that changes status, so a set-based transition can return what
+    # each row changed from (RETURNING sees only new values).
+    previous_status = models.CharField(max_length=10, choices=Status.choices, blank=True)
+    # Counts dispatches: the attempt number doubles as the fencing token for workers.
+    attempts = models.PositiveSmallIntegerField(default=0)
+    # Not-before time: enqueue time, a delayed run_at, or the next retry ("Retry (Estimated)").
+    run_at = models.DateTimeField()
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # A random number each dispatch writes: only the worker task carrying it may start the item,
+    # so a stale delivery of a batch whose items were released and dispatched again does nothing.
+    dispatch_token = models.BigIntegerField(default=0, db_default=0)
+    # The worker cluster (host:pid, as in ClusterHeartbeat) whose batch claimed the dispatched
+    # item: when that cluster stops beating, its items are rescued without waiting for timeouts.
+    cluster = models.CharField(max_length=100, blank=True, default="", db_default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "identifier"],
+                condition=Q(status__in=LIVE_STATUSES),
+                name="item_live_identifier_uniq",  # enqueue dedup
+            ),
+        ]
+        indexes = [
+            # Selector: per account, highest priority then oldest-ready among ready items.
+            models.Index(
+                fields=["queue", "account", "-priority", "run_at", "id"],
+                condition=Q(status__in=READY_STATUSES),
+                name="item_ready_idx",
+            ),
+            # Item browser and bulk operations: one queue, some statuses, an enqueue time range,
+            # walked by keyset on (created_at, id).
+            models.Index(fields=["queue", "status", "created_at", "id"], name="item_browse_idx"),
+            # Search by identifier, including finished items.
+            models.Index(fields=["queue", "identifier"], name="item_identifier_idx"),
+            # Sweeper: dispatched or running items older than their timeout; a small set.
+            models.Index(
+                fields=["queue", "status", "updated_at"],
+                condition=Q(status__in=IN_FLIGHT_STATUSES),
+                name="item_in_flight_idx",
+            ),
+            # Sweeper retention pruning: finished items by finish time.
+            models.Index(
+                fields=["queue", "finished_at"],
+                condition=Q(status__in=FINISHED_STATUSES),
+                name="item_finished_idx",
+            ),
+            # Accounts view and per-account in-flight counts.
+            models.Index(fields=["queue", "account", "status"], name="item_account_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.queue_id}/{self.identifier}#{self.pk}"
+
+
+class Attempt(models.Model):
+    class Outcome(models.TextChoices):
+        COMPLETE = "complete", "Complete"
+        RETRY = "retry", "Retryable error"
+        FAILED = "failed", "Permanent error"
+        LOST = "lost", "Worker lost"
+
+    id = models.BigAutoField(primary_key=True)
+    item = models.ForeignKey(Item, on_delete=models.CASCADE, related_name="attempt_set",
+                             db_index=False)
+    number = models.PositiveSmallIntegerField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField()
+    outcome = models.CharField(max_length=10, choices=Outcome.choices)
+    error = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    # What the handler returned, kept small: e.g. a webhook's response status and body excerpt.
+    result = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        # Item detail lists its attempts in order.
+        indexes = [models.Index(fields=["item", "number"], name="attempt_item_idx")]
+
+    def __str__(self):
+        return f"attempt {self.number} of item {self.item_id}: {self.outcome}"
+
+    @property
+    def duration(self):
+        if self.started_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+
+class ItemEvent(models.Model):
+    """Append-only history of transitions; queue, account and identifier are copied so that the
+    live stream and audit views never join the item table."""
+
+    id = models.BigAutoField(primary_key=True)
+    # No database constraint: events outlive nothing and are pruned on their own schedule, and the
+    # hot insert path should not pay for a foreign-key check.
+    item = models.ForeignKey(
+        Item, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False,
+        related_name="events",
+    )
+    queue = models.ForeignKey(
+        Queue, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH)
+    identifier = models.CharField(max_length=MAX_IDENTIFIER_LENGTH)
+    transition = models.CharField(max_length=20)
+    from_status = models.CharField(max_length=10, blank=True)
+    to_status = models.CharField(max_length=10)
+    attempt = models.PositiveSmallIntegerField(default=0)
+    at = models.DateTimeField()
+    actor = models.CharField(max_length=200)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [
+            # Per-queue live stream: events after a position.
+            models.Index(fields=["queue", "id"], name="event_queue_idx"),
+            # Live stream filtered by account: its newest events without scanning the queue's.
+            models.Index(fields=["queue", "account", "id"], name="event_account_idx"),
+            # Item detail: its history.
+            models.Index(fields=["item", "id"], name="event_item_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.transition} item {self.item_id} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class DeadLetter(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    item = models.ForeignKey(Item, on_delete=models.CASCADE, related_name="dead_letters")
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="dead_letters")
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH)
+    reason = models.CharField(max_length=20)  # "permanent", "exhausted" or "worker lost"
+    last_error = models.TextField(blank=True)
+    attempts = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField()
+    replayed_at = models.DateTimeField(null=True, blank=True)
+    replayed_by = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        indexes = [
+            # Dead-letter page: open letters per queue, newest first.
+            models.Index(
+                fields=["queue", "-created_at"],
+                condition=Q(replayed_at__isnull=True),
+                name="deadletter_open_idx",
+            ),
+            models.Index(fields=["item"], name="deadletter_item_idx"),
+        ]
+
+    def __str__(self):
+        return f"dead letter {self.pk} of item {self.item_id} ({self.reason})"
+
+
+class SelectorState(models.Model):
+    queue = models.OneToOneField(
+        Queue, on_delete=models.CASCADE, primary_key=True, related_name="selector_state"
+    )
+    cursor = models.CharField(max_length=MAX_ACCOUNT_LENGTH, blank=True)
+    last_round_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"cursor {self.cursor!r} of queue {self.queue_id}"
+
+
+class SelectorLease(models.Model):
+    """One row (id 1): which process runs the selector loop. Times are the database's clock in
+    epoch seconds, so machines with skewed clocks agree on when a lease has run out; a newer
+    scheduled tick writes itself as `successor` and the holder hands over."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    holder = models.CharField(max_length=150, blank=True)
+    renewed_at = models.FloatField(default=0)
+    successor = models.CharField(max_length=150, blank=True)
+
+    def __str__(self):
+        return f"selector loop held by {self.holder or 'nobody'}"
+
+
+class SelectorRound(models.Model):
+    """One selector round: what it took per account, for the fairness view and the rate limit."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    started_at = models.DateTimeField()
+    duration_ms = models.FloatField()
+    taken = models.PositiveIntegerField()
+    accounts = models.PositiveIntegerField()
+    allocation = models.JSONField(default=dict)  # {account: items taken}
+    cursor = models.CharField(max_length=MAX_ACCOUNT_LENGTH, blank=True)
+
+    class Meta:
+        # Rate limit (items started in the last minute) and the fairness view: recent rounds.
+        indexes = [models.Index(fields=["queue", "started_at"], name="round_queue_idx")]
+
+    def __str__(self):
+        return f"round of queue {self.queue_id} at {self.started_at:%H:%M:%S}: {self.taken}"
+
+
+class SweepRun(models.Model):
+    """One sweeper run and what it changed, empty runs included: the dashboard's liveness
+    signal for the sweeper."""
+
+    id = models.BigAutoField(primary_key=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    counts = models.JSONField(default=dict)  # {action: rows}
+
+    class Meta:
+        # Dashboard and health check: the latest runs.
+        indexes = [models.Index(fields=["started_at"], name="sweeprun_started_idx")]
+
+    def __str__(self):
+        return f"sweep at {self.started_at:%Y-%m-%d %H:%M:%S}: {self.counts}"
+
+
+class CounterDelta(models.Model):
+    """Change to a (queue, status) count, inserted in the transition's own transaction.
+
+    Inserts never contend with each other, unlike updating one counter row per queue; the
+    rollup folds them into StatusCount and OutcomeMinute.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    status = models.CharField(max_length=10, choices=Status.choices)
+    delta = models.IntegerField()
+    minute = models.DateTimeField()
+
+    class Meta:
+        # Readers add the not-yet-rolled-up deltas of one queue to its base counts.
+        indexes = [models.Index(fields=["queue", "status"], name="delta_queue_idx")]
+
+    def __str__(self):
+        return f"{self.status} {self.delta:+d} on queue {self.queue_id}"
+
+
+class StatusCount(models.Model):
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    status = models.CharField(max_length=10, choices=Status.choices)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "status"], name="statuscount_uniq")
+        ]
+
+    def __str__(self):
+        return f"{self.status}={self.count} on queue {self.queue_id}"
+
+
+class OutcomeMinute(models.Model):
+    """Items entering an outcome status (complete, retry, failed, cancelled) per queue and
+    minute."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    minute = models.DateTimeField()
+    status = models.CharField(max_length=10, choices=Status.choices)
+    count = models.IntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "minute", "status"], name="outcomeminute_uniq"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.status}={self.count} on queue {self.queue_id} at {self.minute:%H:%M}"
+
+
+class ApiToken(models.Model):
+    """A bearer token for the JSON API. Only a SHA-256 digest of the secret is stored: the
+    secret has 256 random bits, so a slow password hash would add latency and no safety."""
+
+    name = models.CharField(max_length=100)
+    digest = models.CharField(max_length=64, unique=True)
+    # The first characters of the secret, shown in lists so operators can tell tokens apart.
+    prefix = models.CharField(max_length=12)
+    all_queues = models.BooleanField(default=False)
+    queues = models.ManyToManyField(Queue, blank=True, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+
+class AuditEntry(models.Model):
+    """One mutation by a person or a token: who, when, what, on which target and filter, and
+    how many rows it changed. Append-only; written by queues.engine.audit.record."""
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField(db_index=True)
+    # The name is kept beside the link so the entry survives the user's deletion.
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+", db_constraint=False,
+    )
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=50)
+    queue_key = models.CharField(max_length=64, blank=True)
+    target = models.CharField(max_length=255, blank=True)
+    filter = models.JSONField(default=dict, blank=True)
+    counts = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        # The audit view filters by queue and shows the newest first.
+        indexes = [models.Index(fields=["queue_key", "at"], name="audit_queue_idx")]
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.target}"
+
+
+class UserPreference(models.Model):
+    """Per-user dashboard settings; the time zone is copied into the session at login so that
+    pages never read this table."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                primary_key=True, related_name="queueadmin_preference")
+    time_zone = models.CharField(max_length=64, default="UTC")
+
+    def __str__(self):
+        return f"preferences of user {self.user_id}"
+
+
+class BulkOperation(models.Model):
+    """A bulk retry or cancel over a frozen filter, run as resumable steps of at most 500 items
+    (queues.engine.bulk). The record is the operation's progress, result and audit trail."""
+
+    class Kind(models.TextChoices):
+        RETRY = "retry", "Retry"
+        CANCEL = "cancel", "Cancel"
+        REPLAY = "replay", "Replay dead letters"
+        PURGE = "purge", "Purge dead letters"
+
+    class State(models.TextChoices):
+        RUNNING = "running", "Running"
+        STOPPING = "stopping", "Stopping"
+        STOPPED = "stopped", "Stopped"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="bulk_operations")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+", db_constraint=False,
+    )
+    actor_name = models.CharField(max_length=150)
+    # The frozen filter: statuses, time range, account, error text, snapshot time and highest id.
+    filter = models.JSONField()
+    filter_hash = models.CharField(max_length=64)
+    expected = models.PositiveIntegerField()  # eligible items counted by the confirmed preview
+    # Keyset position of the next step: index into the filter's statuses, created_at and id.
+    position = models.JSONField(default=dict)
+    changed = models.PositiveIntegerField(default=0)
+    skipped = models.JSONField(default=dict)  # {reason: count}
+    steps = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    last_step_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # Queue page: its latest operations.
+            models.Index(fields=["queue", "-created_at"], name="bulk_queue_idx"),
+            # The sweeper resumes running operations whose step was lost.
+            models.Index(fields=["state", "last_step_at"], name="bulk_state_idx",
+                         condition=Q(state__in=["running", "stopping"])),
+        ]
+
+    def __str__(self):
+        return f"bulk {self.kind} {self.pk} on queue {self.queue_id}: {self.state}"
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (self.State.STOPPED, self.State.DONE, self.State.FAILED)
+
+
+class GlobalPause(models.Model):
+    """One row (id 1): when paused, the selector dispatches nothing on any queue (drain mode
+    for the whole installation); items are still accepted and running ones finish."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    paused = models.BooleanField(default=False)
+    paused_by = models.CharField(max_length=150, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return "paused" if self.paused else "running"
+
+
+class ClusterHeartbeat(models.Model):
+    """A django-q2 worker cluster's latest sign of life, written by the cluster itself: the
+    workers page and /healthz read this table, not a per-process cache."""
+
+    cluster = models.CharField(max_length=100, primary_key=True)  # host:pid of the cluster
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    workers = models.PositiveSmallIntegerField(default=0)
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField(db_index=True)
+    running = models.JSONField(default=list, blank=True)  # what its workers run now
+
+    def __str__(self):
+        return f"cluster {self.cluster} at {self.beat_at:%H:%M:%S}"

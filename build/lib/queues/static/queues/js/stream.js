@@ -1,0 +1,116 @@
+// The live stream page (templates/queues/stream.html). New rows go on top. The page keeps its
+// position in data-position and sends it on every (re)connection or poll, because browsers do
+// not always send Last-Event-ID after a server restart.
+(function () {
+  "use strict";
+  var table = document.querySelector("[data-stream]");
+  if (!table) { return; }
+  var body = document.getElementById("stream-rows");
+  var pauseButton = document.getElementById("stream-pause");
+  var buffered = document.getElementById("stream-buffered");
+  var connection = document.getElementById("stream-connection");
+  var notice = document.getElementById("stream-notice");
+  var rowCap = parseInt(table.dataset.rowCap, 10);
+  var bufferLimit = parseInt(table.dataset.bufferLimit, 10);
+  var paused = false;
+  var held = [];
+  var dropped = 0;
+
+  function withPosition(url) {
+    var position = table.dataset.position;
+    if (!position) { return url; }
+    return url + (url.indexOf("?") < 0 ? "?" : "&") + "after=" + encodeURIComponent(position);
+  }
+
+  function setConnection(state, text) {
+    connection.dataset.state = state;
+    connection.textContent = text;
+  }
+
+  function rowsOf(html) {
+    var template = document.createElement("template");
+    template.innerHTML = html;
+    return Array.prototype.slice.call(template.content.querySelectorAll("tr"));
+  }
+
+  // Rows arrive oldest first; each goes on top, so the newest ends up first.
+  function show(rows) {
+    rows.forEach(function (row) { body.insertBefore(row, body.firstChild); });
+    while (body.rows.length > rowCap) { body.deleteRow(-1); }
+  }
+
+  function showCount() {
+    if (!paused || (!held.length && !dropped)) {
+      buffered.textContent = "";
+      return;
+    }
+    buffered.textContent = (held.length + dropped) + " new events while paused" +
+      (dropped ? " (" + dropped + " oldest not kept)" : "");
+  }
+
+  function receive(html, position) {
+    if (position) { table.dataset.position = position; }
+    var rows = rowsOf(html);
+    if (!rows.length) { return; }
+    if (!paused) {
+      show(rows);
+      return;
+    }
+    held = held.concat(rows);
+    if (held.length > bufferLimit) {
+      dropped += held.length - bufferLimit;
+      held = held.slice(held.length - bufferLimit);
+    }
+    showCount();
+  }
+
+  pauseButton.addEventListener("click", function () {
+    paused = !paused;
+    pauseButton.textContent = paused ? "Resume" : "Pause";
+    pauseButton.setAttribute("aria-pressed", paused ? "true" : "false");
+    if (!paused) {
+      show(held);
+      held = [];
+      dropped = 0;
+    }
+    showCount();
+  });
+
+  function showNotice(text) {
+    notice.textContent = text;
+    notice.hidden = false;
+  }
+
+  function listen() {
+    var source = new EventSource(withPosition(table.dataset.eventsUrl));
+    source.addEventListener("open", function () { setConnection("live", "Live"); });
+    source.addEventListener("rows", function (event) { receive(event.data, event.lastEventId); });
+    source.addEventListener("position", function (event) { table.dataset.position = event.data; });
+    source.addEventListener("notice", function (event) { showNotice(event.data); });
+    source.addEventListener("error", function () {
+      // Reconnect ourselves, so that the URL carries the position the page has now.
+      source.close();
+      setConnection("offline", "Connection lost, reconnecting");
+      setTimeout(listen, 2000);
+    });
+  }
+
+  function poll() {
+    fetch(withPosition(table.dataset.rowsUrl), { credentials: "same-origin" })
+      .then(function (response) {
+        if (!response.ok) { throw new Error("status " + response.status); }
+        var position = response.headers.get("X-Stream-Position");
+        return response.text().then(function (html) { receive(html, position); });
+      })
+      .then(function () { setConnection("polling", "Checked just now (polling)"); },
+            function () { setConnection("offline", "Connection lost, retrying"); })
+      .then(function () { setTimeout(poll, parseInt(table.dataset.pollMs, 10)); });
+  }
+
+  if (table.dataset.mode === "sse") {
+    listen();
+  } else {
+    setConnection("polling", "Polling");
+    setTimeout(poll, parseInt(table.dataset.pollMs, 10));
+  }
+})();

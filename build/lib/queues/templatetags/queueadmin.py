@@ -1,0 +1,141 @@
+"""Template helpers for the dashboard. Everything they return is built with format_html, so the
+hostile strings it carries (identifiers, errors, payloads) are escaped."""
+
+import json
+from datetime import datetime, timedelta
+
+from django import template
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+
+from queues.models import Status
+
+register = template.Library()
+
+RECT = '<rect class="{}" x="{}" y="{}" width="{}" height="{}"/>'
+STATUS_CLASSES = {s: f"badge badge-{s}" for s in Status.values}
+
+
+@register.simple_tag
+def relative(moment: datetime | None, now: datetime | None = None):
+    """A <time> that reads "in 4 min" or "12 s ago", with the exact local time on hover."""
+    if moment is None:
+        return "—"
+    now = now or timezone.now()
+    exact = timezone.localtime(moment)
+    return format_html('<time datetime="{}" title="{}">{}</time>', moment.isoformat(),
+                       exact.strftime("%Y-%m-%d %H:%M:%S %Z"), relative_words(moment - now))
+
+
+def relative_words(delta: timedelta) -> str:
+    seconds = delta.total_seconds()
+    words = duration_words(abs(seconds))
+    if abs(seconds) < 1:
+        return "now"
+    return f"in {words}" if seconds > 0 else f"{words} ago"
+
+
+@register.filter
+def duration_words(seconds) -> str:
+    if seconds is None or seconds == "":
+        return "—"
+    if isinstance(seconds, timedelta):
+        seconds = seconds.total_seconds()
+    seconds = float(seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:.0f} min"
+    return f"{seconds // 86400:.0f} d {seconds % 86400 // 3600:.0f} h"
+
+
+@register.simple_tag
+def age(moment: datetime | None, now: datetime | None = None):
+    if moment is None:
+        return "—"
+    return duration_words(((now or timezone.now()) - moment).total_seconds())
+
+
+@register.simple_tag
+def status_badge(item, now: datetime | None = None):
+    now = now or timezone.now()
+    if item.status == Status.QUEUED and item.run_at > now:
+        local = timezone.localtime(item.run_at)
+        return format_html('<span class="badge badge-delayed" title="{}">Delayed until {}</span>',
+                           local.strftime("%Y-%m-%d %H:%M:%S %Z"), local.strftime("%b %d %H:%M"))
+    return status_label(item.status)
+
+
+@register.simple_tag
+def status_label(status: str):
+    label = Status(status).label if status in Status.values else status
+    return format_html('<span class="{}">{}</span>', STATUS_CLASSES.get(status, "badge"), label)
+
+
+@register.filter
+def first_line(text: str) -> str:
+    return (text or "").strip().split("\n", 1)[0]
+
+
+@register.filter
+def has_more_lines(text: str) -> bool:
+    return "\n" in (text or "").strip()
+
+
+@register.filter
+def pretty_json(value) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+@register.filter
+def percent(fraction: float) -> str:
+    return f"{fraction * 100:.1f}%"
+
+
+@register.simple_tag
+def outcome_chart(completed: list[int], failed: list[int], label: str):
+    """Per-minute bars (completed up, failed down) as inline SVG: no script, no library."""
+    width, height, bar = 180, 40, 3
+    top = max([*completed, *failed, 1])
+    half = height / 2
+
+    def bars(series, css, up):
+        return format_html_join("", RECT, (
+            (css, i * bar, f"{half - half * n / top if up else half:.1f}", bar - 1,
+             f"{half * n / top:.1f}")
+            for i, n in enumerate(series) if n))
+
+    summary = f"{label}: {sum(completed):,} completed and {sum(failed):,} failed in the last hour"
+    return format_html(
+        '<svg class="chart" viewBox="0 0 {} {}" width="{}" height="{}" role="img" '
+        'aria-label="{}"><title>{}</title><line class="axis" x1="0" x2="{}" y1="{}" y2="{}"/>'
+        "{}{}</svg>",
+        width, height, width, height, summary, summary, width, half, half,
+        bars(completed, "ok", True), bars(failed, "bad", False))
+
+
+@register.simple_tag
+def share_bar(fraction: float, label: str):
+    width = max(0.0, min(1.0, fraction)) * 100
+    return format_html(
+        '<svg class="share" viewBox="0 0 100 10" preserveAspectRatio="none" role="img" '
+        'aria-label="{}"><rect class="share-bg" width="100" height="10"/>'
+        '<rect class="share-fg" width="{}" height="10"/></svg>', label, f"{width:.2f}")
+
+
+
+@register.filter
+def num(value) -> str:
+    try:
+        return f"{int(value):,}"
+    except (TypeError, ValueError):
+        return "—"
+
+
+@register.filter
+def get_item(mapping, key):
+    return mapping.get(key, "") if mapping else ""

@@ -1,0 +1,46 @@
+from django.urls import path, re_path
+
+from queues.ops import health
+from queues.web import audit, bulk, pages, pause, stream, tokens
+
+app_name = "queues"
+
+urlpatterns = [
+    path("", pages.overview, name="overview"),
+    path("queues/<str:key>/", pages.queue_items, name="queue_items"),
+    path("queues/<str:key>/errors/", pages.queue_errors, name="queue_errors"),
+    path("queues/<str:key>/accounts/", pages.queue_accounts, name="queue_accounts"),
+    path("queues/<str:key>/counts/", pages.queue_counts, name="queue_counts"),
+    path("queues/<str:key>/stream/", stream.stream_page, name="queue_stream"),
+    path("queues/<str:key>/stream/events/", stream.stream_events,
+         name="queue_stream_events"),
+    path("queues/<str:key>/stream/rows/", stream.stream_rows, name="queue_stream_rows"),
+    path("stream/", stream.stream_page, name="all_stream"),
+    path("stream/events/", stream.stream_events, name="all_stream_events"),
+    path("stream/rows/", stream.stream_rows, name="all_stream_rows"),
+    path("queues/<str:key>/bulk/", bulk.bulk_page, name="bulk"),
+    path("queues/<str:key>/bulk/start/", bulk.bulk_start, name="bulk_start"),
+    path("queues/<str:key>/bulk/<int:pk>/", bulk.bulk_operation, name="bulk_operation"),
+    path("queues/<str:key>/bulk/<int:pk>/stop/", bulk.bulk_stop, name="bulk_stop"),
+    re_path(r"^queues/(?P<key>[a-z0-9_-]+)/(?P<action>pause|resume)/$", pause.queue_pause,
+            name="queue_pause"),
+    re_path(r"^queues/(?P<key>[a-z0-9_-]+)/accounts/(?P<action>pause|resume)/$",
+            pause.account_pause, name="account_pause"),
+    re_path(r"^(?P<action>pause|resume)-all/$", pause.global_pause, name="global_pause"),
+    re_path(r"^queues/(?P<key>[a-z0-9_-]+)/export\.(?P<fmt>csv|json)$", pages.queue_export,
+            name="queue_export"),
+    path("items/<int:pk>/", pages.item_detail, name="item_detail"),
+    path("items/<int:pk>/<slug:action>/", pages.item_action, name="item_action"),
+    path("search/", pages.search, name="search"),
+    path("activity/", pages.activity, name="activity"),
+    path("activity/selector/", pages.run_selector, name="run_selector"),
+    path("activity/sweeper/", pages.run_sweeper, name="run_sweeper"),
+    path("workers/", health.workers_page, name="workers"),
+    path("audit/", audit.audit_log, name="audit"),
+    path("audit/export/", audit.audit_export, name="audit_export"),
+    path("dead-letters/", pages.dead_letters, name="dead_letters"),
+    path("preferences/", pages.preferences, name="preferences"),
+    path("tokens/", tokens.token_list, name="tokens"),
+    path("tokens/create/", tokens.token_create, name="token_create"),
+    path("tokens/<int:pk>/revoke/", tokens.token_revoke, name="token_revoke"),
+]

@@ -1,0 +1,170 @@
+"""Forms that parse the dashboard's query strings and posts: each one an allow-list of fields,
+so a view never passes request data to the ORM as it came."""
+
+import zoneinfo
+from datetime import timedelta
+
+from django import forms
+from django.utils import timezone
+
+from queues.engine.bulk import MAX_SELECTION, selection_range
+from queues.models import MAX_ACCOUNT_LENGTH, MAX_IDENTIFIER_LENGTH, Queue, Status
+from queues.web.queries import parse_cursor
+
+PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+MAX_RANGE = timedelta(days=366)
+DEAD_LETTER_REASONS = [
+    ("", "Any reason"), ("permanent", "Permanent error"), ("exhausted", "Retries exhausted"),
+    ("worker lost", "Worker lost")]
+DATETIME_LOCAL = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"]
+
+
+def check_range(form, start, end, start_field="created_from", end_field="created_to"):
+    """From before To, at most MAX_RANGE apart (an open To means now): a mistyped year becomes
+    a form error instead of a count or a bulk change over every item ever enqueued."""
+    if start and end and start >= end:
+        form.add_error(end_field, "Must be after From.")
+    elif start and (end or timezone.now()) - start > MAX_RANGE:
+        form.add_error(start_field, f"A time range covers at most {MAX_RANGE.days} days.")
+
+
+class TimeRangeForm(forms.Form):
+    """From / to fields in the user's time zone (typed, or filled in from a preset)."""
+
+    created_from = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL,
+                                       label="From", widget=forms.DateTimeInput(
+                                           attrs={"type": "datetime-local"}))
+    created_to = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL, label="To",
+                                     widget=forms.DateTimeInput(
+                                         attrs={"type": "datetime-local"}))
+
+
+class QueueFilterForm(forms.Form):
+    q = forms.CharField(required=False, max_length=100, label="Find a queue")
+    show = forms.ChoiceField(required=False, choices=[
+        ("", "All queues"), ("alerting", "With alerts"), ("paused", "Paused")], label="Show")
+
+
+class ItemFilterForm(TimeRangeForm):
+    status = forms.MultipleChoiceField(required=False, choices=Status.choices,
+                                       widget=forms.CheckboxSelectMultiple)
+    account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
+    identifier = forms.CharField(required=False, max_length=MAX_IDENTIFIER_LENGTH,
+                                 label="Identifier starts with")
+    error = forms.CharField(required=False, max_length=200, label="Error contains")
+    period = forms.ChoiceField(required=False, label="Created", choices=[
+        ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
+        ("custom", "From / to")])
+    before = forms.CharField(required=False, max_length=60, widget=forms.HiddenInput)
+
+    def clean_before(self):
+        raw = self.cleaned_data["before"]
+        if raw and parse_cursor(raw) is None:
+            raise forms.ValidationError("Not a page position.")
+        return raw
+
+    def clean(self):
+        data = super().clean()
+        period = data.get("period")
+        if period in PERIODS:
+            # A preset wins over typed dates: the URL then always means "the last N".
+            data["created_from"] = timezone.now() - PERIODS[period]
+            data["created_to"] = None
+        elif period != "custom":
+            data["created_from"] = data["created_to"] = None
+        check_range(self, data.get("created_from"), data.get("created_to"))
+        data["cursor"] = parse_cursor(data["before"]) if data.get("before") else None
+        return data
+
+
+class SearchForm(forms.Form):
+    q = forms.CharField(max_length=MAX_IDENTIFIER_LENGTH, label="Identifier")
+
+
+class AccountsForm(forms.Form):
+    after = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH,
+                            widget=forms.HiddenInput)
+
+
+class RunSelectorForm(forms.Form):
+    queue = forms.ModelChoiceField(queryset=Queue.objects.all(), to_field_name="key")
+
+
+def _time_zone_choices():
+    return [(name, name) for name in sorted(zoneinfo.available_timezones())]
+
+
+class TimeZoneForm(forms.Form):
+    time_zone = forms.ChoiceField(choices=_time_zone_choices, label="Time zone")
+
+
+class BulkForm(TimeRangeForm):
+    """What to change: the action, a time range (a preset becomes absolute times when the
+    preview is made), statuses, and optional account, error text and dead-letter reason; or a
+    selection of items (`ids`), which needs neither statuses nor a range."""
+
+    kind = forms.ChoiceField(choices=[
+        ("retry", "Retry"), ("cancel", "Cancel"), ("replay", "Replay dead letters"),
+        ("purge", "Purge dead letters")], widget=forms.RadioSelect, label="Action")
+    status = forms.MultipleChoiceField(required=False, choices=Status.choices,
+                                       widget=forms.CheckboxSelectMultiple)
+    period = forms.ChoiceField(required=False, label="Time range", choices=[
+        ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
+        ("custom", "From / to")])
+    account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
+    error = forms.CharField(required=False, max_length=200, label="Error contains")
+    reason = forms.ChoiceField(required=False, label="Dead-letter reason",
+                               choices=DEAD_LETTER_REASONS)
+
+    def clean(self):
+        data = super().clean()
+        data["ids"] = self._selected_ids()
+        kind = data.get("kind")
+        if data["ids"]:
+            # A selection: every status, so the preview explains the ineligible ones.
+            data["status"] = data.get("status") or list(Status.values)
+            data["created_from"], data["created_to"] = selection_range(timezone.now())
+            return data
+        if not data.get("status") and kind in ("retry", "cancel"):
+            self.add_error("status", "Choose at least one status.")
+        period = data.get("period")
+        if period in PERIODS:
+            data["created_to"] = timezone.now()
+            data["created_from"] = data["created_to"] - PERIODS[period]
+        elif period == "custom":
+            for name in ("created_from", "created_to"):
+                if not data.get(name):
+                    self.add_error(name, "Required for a custom range.")
+        else:
+            self.add_error("period", "Choose a time range.")
+        check_range(self, data.get("created_from"), data.get("created_to"))
+        return data
+
+    def _selected_ids(self) -> list[int]:
+        raw = self.data.getlist("ids") if hasattr(self.data, "getlist") else []
+        if len(raw) > MAX_SELECTION:
+            self.add_error(None, f"Select at most {MAX_SELECTION} items.")
+            return []
+        try:
+            return sorted({int(value) for value in raw})
+        except ValueError:
+            self.add_error(None, "The selection is not a list of item ids.")
+            return []
+
+
+class BulkConfirmForm(forms.Form):
+    """A preview's frozen filter (signed, so it comes back as it was sent), its hash and the
+    eligible count the operator saw."""
+
+    frozen = forms.CharField(widget=forms.HiddenInput, max_length=4000)
+    filter_hash = forms.CharField(widget=forms.HiddenInput, max_length=64)
+    expected = forms.IntegerField(widget=forms.HiddenInput, min_value=0)
+
+
+class DeadLetterFilterForm(forms.Form):
+    queue = forms.CharField(required=False, max_length=64, label="Queue key")
+    account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
+    reason = forms.ChoiceField(required=False, choices=DEAD_LETTER_REASONS)
+    period = forms.ChoiceField(required=False, label="Failed", choices=[
+        ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")])
+    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)

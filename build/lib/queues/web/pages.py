@@ -1,0 +1,259 @@
+"""The dashboard's pages. Each view is thin: a form parses the query, queues.web.queries reads,
+and one template renders the page or, for htmx requests, just the fragment that changes."""
+
+from django.contrib import messages
+from django.db import transaction
+from django.http import Http404, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.vary import vary_on_headers
+from django_htmx.http import trigger_client_event
+
+from queues.engine import audit, counters, lifecycle, pausing, selector, sweeper
+from queues.models import (
+    DeadLetter,
+    Item,
+    Queue,
+    SelectorRound,
+    SweepRun,
+    UserPreference,
+)
+from queues.permissions import can_operate, operator_required, render_page, viewer_required
+from queues.web import export, masking, queries
+from queues.web.forms import (
+    PERIODS,
+    AccountsForm,
+    DeadLetterFilterForm,
+    ItemFilterForm,
+    QueueFilterForm,
+    RunSelectorForm,
+    SearchForm,
+    TimeZoneForm,
+)
+from queues.web.middleware import SESSION_KEY
+
+# Buttons on the item page -> lifecycle transitions.
+ITEM_ACTIONS = {"retry": "requeue", "cancel": "cancel", "run-now": "run_now"}
+# Tells every live region on the page (counts, lists) to refresh after an action.
+CHANGED_EVENT = "queueadmin:changed"
+LIST_SIZE = 50
+
+
+def _page_or_fragment(request, page: str, fragment: str, context: dict, status: int = 200):
+    return render_page(request, fragment if request.htmx else page, context, status=status)
+
+
+@require_GET
+@viewer_required
+@vary_on_headers("HX-Request")
+def overview(request):
+    form = QueueFilterForm(request.GET)
+    data = form.cleaned_data if form.is_valid() else {}
+    queues = Queue.objects.all()
+    if data.get("q"):
+        queues = queues.filter(key__icontains=data["q"]) | queues.filter(name__icontains=data["q"])
+    if data.get("show") == "paused":
+        queues = queues.filter(paused=True)
+    now = timezone.now()
+    summaries = queries.queue_summaries(list(queues.order_by("key")), now)
+    if data.get("show") == "alerting":
+        summaries = [s for s in summaries if s.alerts]
+    return _page_or_fragment(request, "queues/overview.html", "queues/_queue_table.html",
+                             {"form": form, "summaries": summaries, "now": now,
+                              "global_pause": pausing.global_pause()})
+
+
+@require_GET
+@viewer_required
+@vary_on_headers("HX-Request")
+def queue_items(request, key):
+    queue = get_object_or_404(Queue, key=key)
+    form = ItemFilterForm(request.GET)
+    now = timezone.now()
+    page = queries.item_page(queue, form.cleaned_data, now) if form.is_valid() else None
+    return _page_or_fragment(request, "queues/items.html", "queues/_item_list.html",
+                             {"queue": queue, "form": form, "page": page, "now": now},
+                             status=200 if page else 400)
+
+
+@require_GET
+@viewer_required
+def item_detail(request, pk):
+    item = get_object_or_404(Item.objects.select_related("queue"), pk=pk)
+    now = timezone.now()
+    if request.htmx:
+        return render_page(request, "queues/_item_summary.html",
+                      {"detail": queries.item_detail(item, now), "now": now})
+    return render_page(request, "queues/item_detail.html", {
+        "detail": queries.item_detail(item, now), "now": now,
+        "payload": masking.payload_for(request.user, item),
+        "queue_counts": counters.status_counts([item.queue_id])[item.queue_id]})
+
+
+@require_POST
+@operator_required
+def item_action(request, pk, action):
+    if action not in ITEM_ACTIONS:
+        raise Http404("No such action.")
+    item = get_object_or_404(Item.objects.select_related("queue"), pk=pk)
+    with transaction.atomic():
+        result = lifecycle.apply(ITEM_ACTIONS[action], [pk], actor=request.user.get_username())
+        audit.record(request.user, f"item.{action}", queue_key=item.queue.key,
+                     target=f"item {pk} ({item.identifier})",
+                     counts={"changed": len(result.changed), "skipped": len(result.skipped)})
+    done = bool(result.changed)
+    message = (f"{action.replace('-', ' ').capitalize()}: done." if done else
+               f"Cannot {action.replace('-', ' ')} this item: {result.skipped.get(pk)}.")
+    if not request.htmx:
+        (messages.success if done else messages.error)(request, message)
+        return redirect("queues:item_detail", pk=pk)
+    item.refresh_from_db()
+    now = timezone.now()
+    response = render_page(request, "queues/_item_summary.html",
+                      {"detail": queries.item_detail(item, now), "now": now,
+                       "message": message, "message_ok": done}, status=200 if done else 409)
+    return trigger_client_event(response, CHANGED_EVENT, {"item": pk})
+
+
+@require_GET
+@viewer_required
+def queue_counts(request, key):
+    """The queue's counts strip; pages re-fetch it after an action and on every tick."""
+    queue = get_object_or_404(Queue, key=key)
+    return render_page(request, "queues/_queue_counts.html", {
+        "queue": queue, "counts": counters.status_counts([queue.pk])[queue.pk],
+        "now": timezone.now()})
+
+
+@require_GET
+@viewer_required
+def queue_errors(request, key):
+    queue = get_object_or_404(Queue, key=key)
+    groups, read = queries.error_groups(queue)
+    return render_page(request, "queues/errors.html",
+                  {"queue": queue, "groups": groups, "read": read,
+                   "sample": queries.ERROR_SAMPLE})
+
+
+@require_GET
+@viewer_required
+@vary_on_headers("HX-Request")
+def queue_accounts(request, key):
+    queue = get_object_or_404(Queue, key=key)
+    form = AccountsForm(request.GET)
+    after = form.cleaned_data["after"] if form.is_valid() else ""
+    now = timezone.now()
+    return _page_or_fragment(request, "queues/accounts.html", "queues/_account_table.html",
+                             {"queue": queue, "page": queries.accounts_page(queue, after, now),
+                              "now": now, "after": after})
+
+
+@require_GET
+@viewer_required
+def search(request):
+    form = SearchForm(request.GET or None)
+    results, exact = [], True
+    if form.is_valid():
+        results, exact = queries.search_identifier(form.cleaned_data["q"], LIST_SIZE)
+    return render_page(request, "queues/search.html",
+                  {"form": form, "results": results, "exact": exact, "now": timezone.now()})
+
+
+@require_GET
+@viewer_required
+@vary_on_headers("HX-Request")
+def activity(request):
+    rounds = SelectorRound.objects.select_related("queue").order_by("-id")[:LIST_SIZE // 2]
+    sweeps = SweepRun.objects.order_by("-started_at")[:LIST_SIZE // 2]
+    return _page_or_fragment(request, "queues/activity.html", "queues/_activity_tables.html",
+                             {"rounds": rounds, "sweeps": sweeps, "queues": Queue.objects.all(),
+                              "now": timezone.now()})
+
+
+@require_POST
+@operator_required
+def run_selector(request):
+    form = RunSelectorForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose a queue.")
+        return redirect("queues:activity")
+    queue = form.cleaned_data["queue"]
+    result = selector.run_round(queue)
+    audit.record(request.user, "selector.run", queue_key=queue.key, target=f"queue {queue.key}",
+                 counts={"dispatched": result.total, "accounts": len(result.taken)})
+    messages.info(request, f"Selector round on {queue.key}: dispatched {result.total} items"
+                  + (f" ({result.skipped})" if result.skipped else "") + ".")
+    return redirect("queues:activity")
+
+
+@require_POST
+@operator_required
+def run_sweeper(request):
+    # A short run: a request should not hold a worker for the scheduled run's four minutes.
+    counts = sweeper.run(seconds=5)
+    audit.record(request.user, "sweeper.run", target="sweeper", counts=counts or {})
+    messages.info(request, "Another sweeper run is in progress." if counts is None else
+                  f"Sweeper run: {counts or 'nothing to do'}.")
+    return redirect("queues:activity")
+
+
+@require_GET
+@viewer_required
+def dead_letters(request):
+    form = DeadLetterFilterForm(request.GET)
+    data = form.cleaned_data if form.is_valid() else {}
+    letters = DeadLetter.objects.filter(replayed_at__isnull=True).select_related("queue", "item")
+    queue = Queue.objects.filter(key=data["queue"]).first() if data.get("queue") else None
+    if queue is not None:
+        letters = letters.filter(queue=queue)
+    if data.get("account"):
+        letters = letters.filter(account=data["account"])
+    if data.get("reason"):
+        letters = letters.filter(reason=data["reason"])
+    if data.get("period"):
+        letters = letters.filter(created_at__gte=timezone.now() - PERIODS[data["period"]])
+    if data.get("before"):
+        letters = letters.filter(id__lt=data["before"])
+    page = list(letters.order_by("-id")[:LIST_SIZE + 1])
+    return render_page(request, "queues/dead_letters.html", {
+        "letters": page[:LIST_SIZE], "form": form, "now": timezone.now(), "queue": queue,
+        "next_before": page[LIST_SIZE - 1].pk if len(page) > LIST_SIZE else None})
+
+
+@require_http_methods(["GET", "POST"])
+@viewer_required
+def preferences(request):
+    current = request.session.get(SESSION_KEY, "UTC")
+    form = TimeZoneForm(request.POST or None, initial={"time_zone": current})
+    if request.method == "POST" and form.is_valid():
+        time_zone = form.cleaned_data["time_zone"]
+        UserPreference.objects.update_or_create(user=request.user,
+                                                defaults={"time_zone": time_zone})
+        request.session[SESSION_KEY] = time_zone
+        messages.success(request, f"Times are now shown in {time_zone}.")
+        return redirect("queues:preferences")
+    return render_page(request, "queues/preferences.html", {"form": form},
+                  status=400 if form.is_bound else 200)
+
+
+@require_GET
+@viewer_required
+def queue_export(request, key, fmt):
+    """The item browser's filter as a download; Viewers get sensitive payload keys masked."""
+    queue = get_object_or_404(Queue, key=key)
+    form = ItemFilterForm(request.GET)
+    if not form.is_valid():
+        return render_page(request, "queues/items.html", {
+            "queue": queue, "form": form, "page": None, "now": timezone.now()}, status=400)
+    masked = not can_operate(request.user)
+    if fmt == "csv":
+        response = StreamingHttpResponse(
+            export.csv_rows(queue, form.cleaned_data, masked=masked), content_type="text/csv")
+    else:
+        response = StreamingHttpResponse(
+            export.json_chunks(queue, form.cleaned_data, masked=masked),
+            content_type="application/json")
+    stamp = timezone.now().strftime("%Y%m%d-%H%M")
+    response["Content-Disposition"] = f'attachment; filename="{queue.key}-items-{stamp}.{fmt}"'
+    return response

@@ -1,0 +1,469 @@
+"""What the dashboard pages show, read with a fixed number of short, indexed queries per page.
+
+Nothing here counts millions of rows: status counts come from queues.engine.counters, item
+lists walk an index by keyset, filtered totals stop counting at 10,001, and per-account figures
+are read only for the accounts on the page.
+"""
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection
+from django.db.models import Count, Min, Q
+
+from queues.engine import counters
+from queues.engine.lifecycle import retry_delay
+from queues.models import (
+    IN_FLIGHT_STATUSES,
+    READY_STATUSES,
+    AccountPolicy,
+    Attempt,
+    DeadLetter,
+    Item,
+    ItemEvent,
+    Queue,
+    SelectorRound,
+    SelectorState,
+    Status,
+)
+
+PAGE_SIZE = 50
+EXACT_COUNT_LIMIT = 10_000
+CHART_MINUTES = 60
+TIMING_SAMPLE = 200  # finished items per queue behind the wait and run time percentiles
+ERROR_SAMPLE = 1_000  # newest failing items per status that the errors view groups
+SERVICE_ROUNDS = 20  # selector rounds behind "served recently" and the share of service
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+PREFIX_END = "\U0010ffff"  # sorts after every character: [prefix, prefix + this) is a prefix
+
+
+# --- overview ----------------------------------------------------------------------------------
+
+@dataclass
+class QueueSummary:
+    queue: Queue
+    counts: dict[str, int]
+    completed: list[int]  # per minute, oldest first
+    failed: list[int]  # retryable and permanent failures per minute
+    oldest_waiting: datetime | None
+    wait: tuple[float, float] | None  # p50, p95 in seconds
+    run: tuple[float, float] | None
+    alerts: list[str] = field(default_factory=list)
+
+    @property
+    def dead_letters(self) -> int:
+        # A failed item always has exactly one open dead letter: replaying requeues the item,
+        # purging deletes it.
+        return self.counts[Status.FAILED]
+
+    @property
+    def depth(self) -> int:
+        return self.counts[Status.QUEUED] + self.counts[Status.RETRY]
+
+    @property
+    def failures_last_hour(self) -> int:
+        return sum(self.failed)
+
+
+def queue_summaries(queues: list[Queue], now: datetime) -> list[QueueSummary]:
+    ids = [q.pk for q in queues]
+    if not ids:
+        return []
+    counts = counters.status_counts(ids)
+    completed, failed = _outcomes_per_minute(ids, now)
+    oldest = counters.oldest_waiting(ids, now)
+    timings = _timings(ids, now)
+    summaries = []
+    for queue in queues:
+        wait, run = timings.get(queue.pk, (None, None))
+        summary = QueueSummary(
+            queue=queue, counts=counts[queue.pk], completed=completed[queue.pk],
+            failed=failed[queue.pk], oldest_waiting=oldest.get(queue.pk), wait=wait, run=run)
+        summary.alerts = _alerts(summary)
+        summaries.append(summary)
+    return summaries
+
+
+def _outcomes_per_minute(ids: list[int], now: datetime):
+    """Completed and failed items per minute over the last hour: the rolled-up minutes plus
+    the deltas the sweeper has not folded yet."""
+    first = now.replace(second=0, microsecond=0) - timedelta(minutes=CHART_MINUTES - 1)
+    completed = defaultdict(lambda: [0] * CHART_MINUTES)
+    failed = defaultdict(lambda: [0] * CHART_MINUTES)
+    statuses = (Status.COMPLETE, Status.RETRY, Status.FAILED)
+    for queue_id, minute, status, count in counters.outcome_rows(first, statuses, ids):
+        index = int((minute - first).total_seconds() // 60)
+        if 0 <= index < CHART_MINUTES:
+            series = completed if status == Status.COMPLETE else failed
+            series[queue_id][index] += count
+    return completed, failed
+
+
+def _timings(ids: list[int], now: datetime) -> dict[int, tuple]:
+    """Wait (ready to started) and run time percentiles of each queue's latest finished items,
+    in one statement: a short index-ordered scan per queue, merged with UNION ALL."""
+    parts, params = [], []
+    for queue_id in ids:
+        query = (Item.objects.filter(queue_id=queue_id, status__in=(Status.COMPLETE, Status.FAILED),
+                                     finished_at__gte=now - timedelta(hours=1),
+                                     started_at__isnull=False)
+                 .order_by("-finished_at")
+                 .only("id", "queue_id", "run_at", "started_at", "finished_at")[:TIMING_SAMPLE])
+        sql, part_params = query.query.sql_with_params()
+        parts.append(f"SELECT * FROM ({sql}) AS t{len(parts)}")
+        params += part_params
+    samples = defaultdict(list)
+    for item in Item.objects.raw(" UNION ALL ".join(parts), params):
+        samples[item.queue_id].append(item)
+    timings = {}
+    for queue_id, items in samples.items():
+        waits = [max(0.0, (i.started_at - i.run_at).total_seconds()) for i in items]
+        runs = [(i.finished_at - i.started_at).total_seconds() for i in items]
+        timings[queue_id] = (_p50_p95(waits), _p50_p95(runs))
+    return timings
+
+
+def _p50_p95(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return (ordered[int(0.5 * (len(ordered) - 1))], ordered[int(0.95 * (len(ordered) - 1))])
+
+
+def _alerts(summary: QueueSummary) -> list[str]:
+    queue, alerts = summary.queue, []
+    if summary.dead_letters > queue.alert_dead_letters:
+        alerts.append(f"{summary.dead_letters:,} dead letters (over {queue.alert_dead_letters:,})")
+    if summary.depth > queue.alert_depth:
+        alerts.append(f"depth {summary.depth:,} (over {queue.alert_depth:,})")
+    if summary.failures_last_hour > queue.alert_failures_per_hour:
+        alerts.append(f"{summary.failures_last_hour:,} failures in the last hour "
+                      f"(over {queue.alert_failures_per_hour:,})")
+    return alerts
+
+
+# --- item browser ------------------------------------------------------------------------------
+
+@dataclass
+class ItemPage:
+    items: list[Item]
+    next_cursor: str
+    total: str  # "1,234" or "10,000+"
+    holds: dict[int, str]  # item id -> what holds it back instead of its retry time
+
+
+def filtered_items(queue: Queue, data: dict):
+    """Items matching every filter except status and the page cursor."""
+    items = Item.objects.filter(queue=queue)
+    if data.get("account"):
+        items = items.filter(account=data["account"])
+    if data.get("identifier"):
+        prefix = data["identifier"]
+        items = items.filter(identifier__gte=prefix, identifier__lt=prefix + PREFIX_END,
+                             identifier__startswith=prefix)
+    if data.get("error"):
+        items = items.filter(last_error__icontains=data["error"])
+    if data.get("created_from"):
+        items = items.filter(created_at__gte=data["created_from"])
+    if data.get("created_to"):
+        items = items.filter(created_at__lt=data["created_to"])
+    return items
+
+
+def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
+    statuses = data.get("status") or list(Status.values)
+    base = filtered_items(queue, data)
+    cursor = data.get("cursor")
+    page = base
+    if cursor:
+        created, pk = cursor
+        # The first condition lets the index range start at the cursor; the second breaks ties.
+        page = page.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=pk),
+                           created_at__lte=created)
+    rows = newest_first(page, statuses, PAGE_SIZE + 1)
+    items, more = rows[:PAGE_SIZE], len(rows) > PAGE_SIZE
+    next_cursor = f"{_micros(items[-1].created_at)}-{items[-1].pk}" if more else ""
+    return ItemPage(items=items, next_cursor=next_cursor, total=_total(queue, base, data),
+                    holds=_holds(queue, items, now))
+
+
+def newest_first(items, statuses: list[str], limit: int) -> list[Item]:
+    """Newest first across statuses in one statement: one index-ordered scan per status
+    (the index leads with queue and status) merged by the outer ORDER BY, never a sort of
+    every matching row."""
+    parts, params = [], []
+    for status in statuses:
+        query = items.filter(status=status).order_by("-created_at", "-id")[:limit].query
+        sql, part_params = query.sql_with_params()
+        parts.append(f"SELECT * FROM ({sql}) AS s{len(parts)}")
+        params += part_params
+    sql = " UNION ALL ".join(parts) + f" ORDER BY created_at DESC, id DESC LIMIT {int(limit)}"
+    return list(Item.objects.raw(sql, params))
+
+
+def _total(queue: Queue, base, data: dict) -> str:
+    statuses = data.get("status") or list(Status.values)
+    narrowed = any(data.get(k) for k in ("account", "identifier", "error", "created_from",
+                                         "created_to"))
+    if not narrowed:
+        counts = counters.status_counts([queue.pk])[queue.pk]
+        return f"{sum(max(0, counts[s]) for s in statuses):,}"
+    if len(statuses) < len(Status.values):
+        base = base.filter(status__in=statuses)
+    n = base.values("id")[:EXACT_COUNT_LIMIT + 1].count()
+    return f"{EXACT_COUNT_LIMIT:,}+" if n > EXACT_COUNT_LIMIT else f"{n:,}"
+
+
+def _micros(moment: datetime) -> int:
+    # Integer arithmetic: a float timestamp can be a microsecond off and skip a row.
+    return (moment - EPOCH) // timedelta(microseconds=1)
+
+
+def _holds(queue: Queue, items: list[Item], now: datetime) -> dict[int, str]:
+    """What keeps a waiting item from running at its time: a paused queue, a paused account
+    or one at its in-flight cap."""
+    waiting = [i for i in items if i.status in READY_STATUSES]
+    if not waiting:
+        return {}
+    if queue.paused:
+        return {i.pk: "queue paused" for i in waiting}
+    reasons = account_holds(queue, {i.account for i in waiting})
+    return {i.pk: reasons[i.account] for i in waiting if i.account in reasons}
+
+
+def account_holds(queue: Queue, accounts) -> dict[str, str]:
+    policies = list(AccountPolicy.objects.filter(queue=queue, account__in=list(accounts)))
+    reasons = {p.account: "account paused" for p in policies if p.paused}
+    capped = {p.account: p.max_in_flight for p in policies
+              if p.max_in_flight is not None and not p.paused}
+    if capped:
+        in_flight = dict(
+            Item.objects.filter(queue=queue, account__in=list(capped),
+                                status__in=IN_FLIGHT_STATUSES)
+            .values("account").annotate(n=Count("id")).values_list("account", "n"))
+        reasons |= {a: "account at cap" for a, cap in capped.items()
+                    if in_flight.get(a, 0) >= cap}
+    return reasons
+
+
+def parse_cursor(raw: str) -> tuple[datetime, int] | None:
+    micros, sep, pk = raw.partition("-")
+    if not (sep and micros.isdigit() and pk.isdigit()):
+        return None
+    try:
+        created = EPOCH + timedelta(microseconds=int(micros))
+    except OverflowError:
+        return None
+    return created, int(pk)
+
+
+# --- item detail -------------------------------------------------------------------------------
+
+@dataclass
+class ItemDetail:
+    item: Item
+    events: list[ItemEvent]
+    attempts: list[Attempt]
+    dead_letters: list[DeadLetter]
+    hold: str
+    next_run: datetime | None
+    dead_letter_at: datetime | None  # if every remaining attempt fails
+
+
+EVENT_LIMIT = 200
+
+
+def item_detail(item: Item, now: datetime) -> ItemDetail:
+    queue = item.queue
+    events = list(item.events.order_by("id")[:EVENT_LIMIT])
+    attempts = list(item.attempt_set.order_by("number"))
+    letters = list(item.dead_letters.order_by("created_at"))
+    hold, next_run, dead_at = "", None, None
+    if item.status in READY_STATUSES:
+        hold = "queue paused" if queue.paused else account_holds(queue, [item.account]).get(
+            item.account, "")
+        # run_at already holds a delay the handler asked for; only the later retries follow
+        # the queue's backoff.
+        next_run = max(item.run_at, now)
+        dead_at = dead_letter_estimate(queue, item.attempts, next_run)
+    elif item.status in IN_FLIGHT_STATUSES:
+        # Attempt number `attempts` is under way (dispatch counts it): were it to fail now,
+        # the backoff after it applies.
+        dead_at = dead_letter_estimate(queue, item.attempts - 1, now)
+    return ItemDetail(item=item, events=events, attempts=attempts, dead_letters=letters,
+                      hold=hold, next_run=next_run, dead_letter_at=dead_at)
+
+
+def dead_letter_estimate(queue: Queue, attempts_done: int, next_run: datetime) -> datetime:
+    """When the item would reach the dead letters if its attempt number attempts_done + 1,
+    starting at next_run, and every retry after it failed at once (the backoff without
+    jitter; run times not included)."""
+    last_attempt = 1 + queue.max_retries
+    delay = sum(retry_delay(queue.backoff_seconds, n, _NoJitter)
+                for n in range(attempts_done + 1, last_attempt))
+    return next_run + timedelta(seconds=delay)
+
+
+class _NoJitter:
+    @staticmethod
+    def uniform(low, high):
+        return 1.0
+
+
+# --- errors view -------------------------------------------------------------------------------
+
+@dataclass
+class ErrorGroup:
+    kind: str
+    message: str
+    count: int = 0
+    first_seen: datetime | None = None
+    last_seen: datetime | None = None
+    accounts: set = field(default_factory=set)
+    sample_error: str = ""
+
+    @property
+    def search_text(self) -> str:
+        """The longest literal piece of the normalised message, to find its items with."""
+        pieces = re.split(r"<[a-z]+>|…", self.message)
+        return max(pieces, key=len).strip()[:100]
+
+
+_NORMALISERS = [
+    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
+    (re.compile(r"0x[0-9a-f]+|\b[0-9a-f]{16,}\b", re.I), "<hex>"),
+    (re.compile(r"'[^']*'|\"[^\"]*\""), "'…'"),
+    (re.compile(r"\d+(\.\d+)?"), "<n>"),
+]
+_KIND = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Timeout|Failure|Exit|Interrupt)|HTTP <n>)")
+
+
+def normalise_error(error: str) -> tuple[str, str]:
+    """(kind, message): the first line with ids, numbers and quoted values replaced, so that
+    the same failure on different items groups together."""
+    line = error.strip().splitlines()[0] if error.strip() else "(no message)"
+    message = line[:300]
+    for pattern, replacement in _NORMALISERS:
+        message = pattern.sub(replacement, message)
+    match = _KIND.match(message)
+    return (match.group(1) if match else "Error"), message
+
+
+def error_groups(queue: Queue) -> tuple[list[ErrorGroup], int]:
+    """Groups the newest failing items (retry and failed). Returns (groups, items read)."""
+    groups: dict[tuple[str, str], ErrorGroup] = {}
+    normalised: dict[str, tuple[str, str]] = {}  # failures repeat: normalise each text once
+    read = 0
+    for status in (Status.RETRY, Status.FAILED):
+        rows = (Item.objects.filter(queue=queue, status=status).order_by("-created_at", "-id")
+                .values_list("last_error", "account", "updated_at")[:ERROR_SAMPLE])
+        for error, account, updated in rows:
+            read += 1
+            if error not in normalised:
+                normalised[error] = normalise_error(error)
+            kind, message = normalised[error]
+            group = groups.setdefault((kind, message), ErrorGroup(kind, message,
+                                                                  sample_error=error[:2000]))
+            group.count += 1
+            group.accounts.add(account)
+            group.first_seen = min(filter(None, (group.first_seen, updated)))
+            group.last_seen = max(filter(None, (group.last_seen, updated)))
+    return sorted(groups.values(), key=lambda g: -g.count), read
+
+
+# --- accounts (fairness) view ------------------------------------------------------------------
+
+@dataclass
+class AccountRow:
+    account: str
+    backlog: int = 0
+    due: int = 0
+    in_flight: int = 0
+    served: int = 0
+    share: float = 0.0
+    oldest_due: datetime | None = None
+    weight: int = 1
+    max_in_flight: int | None = None
+    paused: bool = False
+    at_cap: bool = False
+
+
+@dataclass
+class AccountsPage:
+    rows: list[AccountRow]
+    next_after: str
+    cursor: str
+    rounds: int
+    served_total: int
+    top_served: list[tuple[str, int, float]]  # account, items, share
+
+
+def accounts_page(queue: Queue, after: str, now: datetime) -> AccountsPage:
+    accounts = accounts_with_backlog(queue, after, PAGE_SIZE + 1)
+    more = len(accounts) > PAGE_SIZE
+    accounts = accounts[:PAGE_SIZE]
+    rows = {a: AccountRow(a) for a in accounts}
+    for row in (Item.objects.filter(queue=queue, account__in=accounts, status__in=READY_STATUSES)
+                .values("account").annotate(
+                    n=Count("id"), due=Count("id", filter=Q(run_at__lte=now)),
+                    oldest=Min("run_at", filter=Q(run_at__lte=now)))):
+        target = rows[row["account"]]
+        target.backlog, target.due, target.oldest_due = row["n"], row["due"], row["oldest"]
+    for account, n in (Item.objects.filter(queue=queue, account__in=accounts,
+                                           status__in=IN_FLIGHT_STATUSES)
+                       .values("account").annotate(n=Count("id")).values_list("account", "n")):
+        rows[account].in_flight = n
+    for policy in AccountPolicy.objects.filter(queue=queue, account__in=accounts):
+        row = rows[policy.account]
+        row.weight, row.max_in_flight, row.paused = (policy.weight, policy.max_in_flight,
+                                                     policy.paused)
+        row.at_cap = policy.max_in_flight is not None and row.in_flight >= policy.max_in_flight
+    served, rounds = recent_service(queue)
+    total = sum(served.values())
+    for row in rows.values():
+        row.served = served.get(row.account, 0)
+        row.share = row.served / total if total else 0.0
+    top = [(a, n, n / total) for a, n in served.most_common(20)] if total else []
+    state = SelectorState.objects.filter(queue=queue).values_list("cursor", flat=True).first()
+    return AccountsPage(rows=list(rows.values()), next_after=accounts[-1] if more else "",
+                        cursor=state or "", rounds=rounds, served_total=total, top_served=top)
+
+
+def recent_service(queue: Queue) -> tuple[Counter, int]:
+    allocations = list(SelectorRound.objects.filter(queue=queue).order_by("-started_at")
+                       .values_list("allocation", flat=True)[:SERVICE_ROUNDS])
+    served: Counter = Counter()
+    for allocation in allocations:
+        served.update(allocation)
+    return served, len(allocations)
+
+
+def accounts_with_backlog(queue: Queue, after: str, limit: int) -> list[str]:
+    """Accounts with ready items in key order after `after`: a loose index scan over the ready
+    index that jumps from account to account instead of reading every ready row."""
+    table = Item._meta.db_table
+    step = (f"SELECT account FROM {table} WHERE queue_id = %s AND status IN ('queued', 'retry') "
+            f"AND account > {{prev}} ORDER BY account LIMIT 1")
+    sql = (f"WITH RECURSIVE accounts(account, n) AS ("
+           f" SELECT ({step.format(prev='%s')}), 1"
+           f" UNION ALL SELECT ({step.format(prev='accounts.account')}), n + 1 FROM accounts"
+           f" WHERE accounts.account IS NOT NULL AND n < %s"
+           f") SELECT account FROM accounts WHERE account IS NOT NULL")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [queue.pk, after, queue.pk, limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
+# --- search ------------------------------------------------------------------------------------
+
+def search_identifier(text: str, limit: int) -> tuple[list[Item], bool]:
+    """Items whose identifier is `text` on any queue; if none, those it starts. Returns (items,
+    exact?). Naming every queue lets the (queue, identifier) index answer with a few probes."""
+    queue_ids = list(Queue.objects.values_list("pk", flat=True))
+    items = Item.objects.filter(queue_id__in=queue_ids).select_related("queue")
+    found = list(items.filter(identifier=text).order_by("-created_at")[:limit])
+    if found:
+        return found, True
+    found = list(items.filter(identifier__gte=text, identifier__lt=text + PREFIX_END,
+                              identifier__startswith=text)[:limit])
+    return sorted(found, key=lambda i: (i.identifier, i.queue.key, -i.pk)), False

@@ -1,0 +1,252 @@
+"""The live stream pages: a table of item events that grows at the top as they happen.
+
+Under an ASGI server (uvicorn) the page holds a server-sent-events connection to `stream_events`,
+an async view fed by the per-process hub in queues.engine.stream. Under WSGI a request cannot
+stay open without holding a worker thread, so the page polls `stream_rows` every 2 seconds
+instead and says so. Either way the page keeps its position (a queues.engine.stream.Cursor) in a
+data attribute and sends it back, so that a reconnect, a server restart or a poll shows nothing
+twice and skips nothing.
+"""
+
+import time
+import zoneinfo
+from collections import OrderedDict
+
+from asgiref.sync import sync_to_async
+from django import forms
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.safestring import mark_safe
+from django.views.decorators.http import require_GET
+
+from queues.engine import stream
+from queues.engine.stream import Cursor, Filters
+from queues.models import MAX_ACCOUNT_LENGTH, Queue, Status
+from queues.permissions import VIEWER, has_role, render_page, viewer_required
+from queues.web.middleware import SESSION_KEY
+
+HEARTBEAT_SECONDS = 15.0  # a comment line this often keeps proxies from closing an idle stream
+MAX_STREAMS_PER_USER = 6  # a few tabs; more is a leak or abuse, and each holds a socket
+RECONNECT_MILLISECONDS = 2000
+POSITION_EVERY_SECONDS = 1.0  # position-only messages when a filter hides every new event
+ROW_CAP = 500  # rows kept in the page; older ones are removed as new ones arrive
+PAUSE_BUFFER = 1000  # rows held while paused; beyond it the oldest are dropped and counted
+POLL_SECONDS = 2
+RENDERED_ROWS = 20_000  # rendered rows kept for the other open streams
+_rendered: OrderedDict[tuple[int, bool, str], str] = OrderedDict()
+EVENT_LABELS = {
+    "enqueued": "Enqueued",
+    "dispatched": "Dispatched",
+    "started": "Started",
+    "completed": "Completed",
+    "retry_scheduled": "Retry scheduled",
+    "failed": "Failed",
+    "lost": "Worker lost",
+    "cancelled": "Cancelled",
+    "requeued": "Requeued",
+    "run_now": "Run now",
+}
+
+
+class StreamFilterForm(forms.Form):
+    account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
+    status = forms.MultipleChoiceField(required=False, choices=Status.choices,
+                                       widget=forms.CheckboxSelectMultiple)
+    event = forms.MultipleChoiceField(required=False, choices=list(EVENT_LABELS.items()),
+                                      label="Event type", widget=forms.CheckboxSelectMultiple)
+
+    def filters(self, queue: Queue | None) -> Filters:
+        data = self.cleaned_data
+        return Filters(queue_id=queue.pk if queue else None, account=data["account"],
+                       statuses=frozenset(data["status"]), transitions=frozenset(data["event"]))
+
+
+def _url(name: str, queue: Queue | None) -> str:
+    if queue:
+        return reverse(f"queues:{name}", args=[queue.key])
+    return reverse(f"queues:{name.replace('queue_', 'all_')}")
+
+
+def _queue_keys() -> dict[int, str]:
+    return dict(Queue.objects.values_list("pk", "key"))
+
+
+def render_rows(events: list[stream.StreamEvent], queue_keys: dict[int, str],
+                show_queue: bool) -> str:
+    """Escaped table rows, oldest first, one per line. Each row is rendered once per process
+    and display variant: every open stream shows the same new events."""
+    zone = timezone.get_current_timezone_name()
+    rows = []
+    for event in events:
+        key = (event.id, show_queue, zone)
+        row = _rendered.get(key)
+        if row is None:
+            row = render_to_string("queues/_stream_row.html", {
+                "event": event, "label": EVENT_LABELS.get(event.transition, event.transition),
+                "queue_key": queue_keys.get(event.queue_id, ""), "show_queue": show_queue,
+            }).replace("\n", "")
+            _rendered[key] = row
+            if len(_rendered) > RENDERED_ROWS:
+                _rendered.popitem(last=False)
+        rows.append(row)
+    return "\n".join(rows)
+
+
+@require_GET
+@viewer_required
+def stream_page(request, key=None):
+    queue = get_object_or_404(Queue, key=key) if key else None
+    form = StreamFilterForm(request.GET)
+    if not form.is_valid():
+        return render_page(request, "queues/stream.html", {"queue": queue, "form": form},
+                           status=400)
+    live = isinstance(request, ASGIRequest)
+    query = request.GET.urlencode()
+    context = {
+        "queue": queue, "form": form, "live": live,
+        "events_url": _url("queue_stream_events", queue) + (f"?{query}" if query else ""),
+        "rows_url": _url("queue_stream_rows", queue) + (f"?{query}" if query else ""),
+        "row_cap": ROW_CAP, "pause_buffer": PAUSE_BUFFER, "poll_seconds": POLL_SECONDS,
+        "clear_url": _url("queue_stream", queue),
+    }
+    if not live:
+        # The stream sends its own backlog; a polling page starts with it instead.
+        position = stream.start_cursor()
+        newest_first = stream.backlog(form.filters(queue), position)[::-1]
+        # Rendered by an autoescaping template.
+        context["rows"] = mark_safe(render_rows(newest_first, _queue_keys(), queue is None))  # noqa: S308
+        context["position"] = position.encode()
+    return render_page(request, "queues/stream.html", context)
+
+
+@require_GET
+@viewer_required
+def stream_rows(request, key=None):
+    """Polling: the matching events after the page's position, and its next position."""
+    queue = get_object_or_404(Queue, key=key) if key else None
+    form = StreamFilterForm(request.GET)
+    position = Cursor.parse(request.GET.get("after"))
+    if not form.is_valid() or position is None:
+        return HttpResponseBadRequest("Bad filters or position.")
+    batch = stream.read(position)
+    events = stream.filter_events(batch.events, form.filters(queue))
+    response = HttpResponse(render_rows(events, _queue_keys(), queue is None) if events else "")
+    response["X-Stream-Position"] = batch.cursor.encode()
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _sse(event: str, data: str, position: Cursor | None = None) -> str:
+    lines = [f"id: {position.encode()}"] if position is not None else []
+    lines.append(f"event: {event}")
+    lines += [f"data: {line}" for line in data.split("\n")]
+    return "\n".join(lines) + "\n\n"
+
+
+async def stream_events(request, key=None):
+    """text/event-stream: the backlog (or what the page missed), then new events as they come."""
+    if request.method != "GET":
+        return HttpResponse(status=405, headers={"Allow": "GET"})
+    user = await request.auser()
+    if not user.is_authenticated:
+        return HttpResponse("Sign in to follow the stream.", status=401)
+    if not await sync_to_async(has_role)(user, VIEWER):
+        return HttpResponse("This needs the Viewer role.", status=403)
+    if not isinstance(request, ASGIRequest):
+        return HttpResponse("The live stream needs an ASGI server; the page polls instead.",
+                            status=501)
+    queue = None
+    if key is not None:
+        queue = await Queue.objects.filter(key=key).afirst()
+        if queue is None:
+            return HttpResponse("No such queue.", status=404)
+    form = StreamFilterForm(request.GET)
+    after = request.GET.get("after") or request.headers.get("Last-Event-ID")
+    page = Cursor.parse(after) if after else None
+    if not form.is_valid() or (after and page is None):
+        return HttpResponseBadRequest("Bad filters or position.")
+    time_zone = await request.session.aget(SESSION_KEY) or "UTC"
+    queue_keys = await sync_to_async(_queue_keys)()
+    if not stream.slots.acquire(user.pk, MAX_STREAMS_PER_USER):
+        return HttpResponse(f"At most {MAX_STREAMS_PER_USER} open streams per user; close a "
+                            "tab.", status=429)
+    # The request's thread took a database connection for the session and user; hand it back
+    # now, or every open stream would hold one (the web process's pool has 20).
+    await sync_to_async(stream.close_connection)()
+    events = _event_stream(user.pk, form.filters(queue), page, queue_keys, queue is None,
+                           time_zone)
+    return StreamingHttpResponse(events, content_type="text/event-stream", headers={
+        "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _event_stream(user_id: int, filters: Filters, page: Cursor | None,
+                        queue_keys: dict[int, str], show_queue: bool, time_zone: str):
+    hub = stream.hub()
+    subscription = hub.join()
+    try:
+        hub_cursor = await subscription.started()
+        read = sync_to_async(_read_and_close, thread_sensitive=False)
+        if page is None:
+            events, skipped = await read(stream.backlog, filters, hub_cursor), False
+            position = hub_cursor
+        else:
+            events, skipped = await read(stream.missed, filters, page, hub_cursor)
+            position = stream.resume_position(page, hub_cursor)
+
+        async def rows(events):
+            unknown = {e.queue_id for e in events} - queue_keys.keys()
+            if unknown:  # a queue created after the stream opened
+                queue_keys.update(await read(_queue_keys))
+            with timezone.override(_zone(time_zone)):
+                return render_rows(events, queue_keys, show_queue)
+
+        yield f"retry: {RECONNECT_MILLISECONDS}\n\n"
+        if skipped:
+            yield _sse("notice", f"More than {stream.MISSED_LIMIT} events happened while "
+                       "disconnected; only the newest are shown.")
+        yield _sse("rows", await rows(events), position)
+        last_sent = time.monotonic()
+        sent_position = position
+        while True:
+            try:
+                batches = await subscription.next(HEARTBEAT_SECONDS)
+            except stream.Overflow:
+                yield _sse("notice", "The stream fell behind; reconnecting.")
+                return
+            if not batches:
+                yield ": heartbeat\n\n"
+                continue
+            shown = []
+            for batch in batches:
+                fresh, position = stream.advance(position, batch)
+                shown += stream.filter_events(fresh, filters)
+            now = time.monotonic()
+            if shown:
+                yield _sse("rows", await rows(shown), position)
+            elif position != sent_position and now - last_sent >= POSITION_EVERY_SECONDS:
+                yield _sse("position", position.encode())
+            else:
+                continue
+            last_sent, sent_position = now, position
+    finally:
+        hub.unsubscribe(subscription)
+        stream.slots.release(user_id)
+
+
+def _read_and_close(function, *args):
+    """A catch-up read on a worker thread, its connection handed back at once."""
+    try:
+        return function(*args)
+    finally:
+        stream.close_connection()
+
+
+def _zone(name: str):
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return zoneinfo.ZoneInfo("UTC")
