@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from queues.conf import normal_host
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 ENVIRONMENTS = ("development", "production")
 TRUE_WORDS = {"1", "true", "yes", "on"}
@@ -78,18 +80,6 @@ def parse_int(name: str, raw: str, *, minimum: int) -> int:
     if value < minimum:
         raise ConfigError(f"{name}={value} must be at least {minimum}.")
     return value
-
-
-def normal_host(host: str) -> str:
-    """One spelling per host, so that an allow-list entry and a URL's host compare equal:
-    lower case, no trailing dot, IPv6 without brackets and in its compressed form."""
-    host = host.strip().lower().rstrip(".")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return host
 
 
 def is_ip_address(host: str) -> bool:

@@ -5,6 +5,8 @@ django-q2's task timeout (`Q_CLUSTER["timeout"]`) bounds a batch's life; the han
 the stale threshold are checked against it here, for the system checks and for the admin forms.
 """
 
+import ipaddress
+
 from django.conf import settings
 
 # django-q2's own default task timeout when Q_CLUSTER names none.
@@ -88,3 +90,15 @@ def stale_threshold_error(stale_seconds: float) -> str | None:
         return (f"must be more than the worker task timeout plus {STALE_MARGIN_SECONDS} s "
                 f"({minimum} s)")
     return None
+
+
+def normal_host(host: str) -> str:
+    """One spelling per host, so that an allow-list entry and a URL's host compare equal:
+    lower case, no trailing dot, IPv6 without brackets and in its compressed form."""
+    host = host.strip().lower().rstrip(".")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host

@@ -77,6 +77,19 @@ def test_arrows_point_down_only():
     assert not wrong, f"imports against the layers: {wrong}"
 
 
+def test_the_app_never_imports_the_standalone_project():
+    # A host project installs the wheel, which holds the queues package and nothing else.
+    paths = [p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts]
+    wrong = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            wrong += [f"{module_name(path)} -> {n}" for n in names
+                      if n.split(".")[0] == "queueadmin"]
+    assert not wrong, wrong
+
+
 def test_nothing_in_the_product_imports_the_bench():
     assert not [source for source, targets in graph().items()
                 if layer(source) != "bench" and any(layer(t) == "bench" for t in targets)]

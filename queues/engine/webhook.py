@@ -40,8 +40,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
-from queueadmin.config import normal_host
-from queues.conf import setting
+from queues.conf import normal_host, setting
 from queues.engine.handlers import PermanentError, RetryableError, Task, handler
 
 METHODS = ("POST", "PUT", "PATCH")
@@ -283,7 +282,8 @@ def checked_address(scheme: str, host: str, port: int | None):
     except (socket.gaierror, UnicodeError) as exc:
         raise requests.ConnectionError(f"cannot resolve {name}: {exc}") from exc
     addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
-    if normal_host(name) not in setting("WEBHOOK_ALLOWED_HOSTS"):
+    # Entries are normalised here too: a host project's settings are not parsed by ours.
+    if normal_host(name) not in {normal_host(h) for h in setting("WEBHOOK_ALLOWED_HOSTS")}:
         for address in addresses:
             reason = refusal(address)
             if reason is None:
