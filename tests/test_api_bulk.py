@@ -156,3 +156,47 @@ def test_pausing_everything_needs_a_token_for_all_queues(call, queue, document):
     response = call("POST", "/pause-all", token=secret)
     check(document, "/{action}-all", "post", response)
     assert response.json()["paused"] is True
+
+
+def failed_an_hour_ago_enqueued_days_ago(queue):
+    [item] = items_in_status(queue, "failed", 1)
+    now = timezone.now()
+    Item.objects.filter(pk=item.pk).update(created_at=now - timedelta(days=3),
+                                           finished_at=now - timedelta(hours=1))
+    return item
+
+
+def test_a_retry_ranges_from_and_to_over_failure_time_by_default(call, queue, document):
+    item = failed_an_hour_ago_enqueued_days_ago(queue)
+    now = timezone.now()
+    body = {"kind": "retry", "statuses": ["failed"],
+            "from": (now - timedelta(hours=24)).isoformat(), "to": now.isoformat()}
+    preview = call("POST", "/queues/emails/bulk/preview", body)
+    check(document, "/queues/{key}/bulk/preview", "post", preview)
+    assert (preview.json()["sample"], preview.json()["filter"]["clock"]) == ([item.pk], "finished")
+    by_enqueue = call("POST", "/queues/emails/bulk/preview", {**body, "clock": "enqueued"})
+    assert by_enqueue.json()["eligible"] == 0
+
+
+def test_created_from_and_to_stay_a_range_over_the_enqueued_clock(call, queue):
+    failed_an_hour_ago_enqueued_days_ago(queue)
+    now = timezone.now()
+    preview = call("POST", "/queues/emails/bulk/preview", {
+        "kind": "retry", "statuses": ["failed"],
+        "created_from": (now - timedelta(hours=24)).isoformat(), "created_to": now.isoformat()})
+    assert (preview.json()["eligible"], preview.json()["filter"]["clock"]) == (0, "enqueued")
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"clock": "yesterday", "from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"},
+     "clock"),
+    ({"from": "2026-01-01T00:00:00Z", "created_to": "2026-01-02T00:00:00Z"}, "from"),
+    ({"clock": "finished", "created_from": "2026-01-01T00:00:00Z",
+      "created_to": "2026-01-02T00:00:00Z"}, "clock"),
+])
+def test_it_refuses_a_range_whose_clock_is_unclear(call, queue, extra, field):
+    response = call("POST", "/queues/emails/bulk/preview",
+                    {"kind": "retry", "statuses": ["failed"], **extra})
+    assert response.status_code == 422
+    assert field in response.json()["error"]["fields"]
+    assert not BulkOperation.objects.exists()

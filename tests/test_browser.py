@@ -97,7 +97,7 @@ def test_filter_items_by_status_and_time_range(page_as, server, axe_source):
     page.get_by_label("Permanent Failure").uncheck()
     page.get_by_label("Queued").check()
     expect(page.get_by_role("link", name="old-1")).to_be_visible()
-    page.get_by_label("Created").select_option("24h")
+    page.get_by_label("Time", exact=True).select_option("24h")
     expect(page.get_by_role("link", name="old-1")).to_have_count(0)
     expect(page.get_by_role("link", name="waiting-1")).to_be_visible()
     assert re.search(r"period=24h", page.url) and "status=queued" in page.url

@@ -305,3 +305,70 @@ def test_a_selection_over_the_limit_is_refused(queue):
     with pytest.raises(bulk.BulkError) as error:
         a_filter(queue, "cancel", ["queued"], ids=range(1, 1002))
     assert "ids" in error.value.fields
+
+
+def enqueued_days_ago_failed_hours_ago(queue, identifier, enqueued_days, failed_hours):
+    [item] = items_in_status(queue, "failed", 1, prefix=identifier)
+    now = timezone.now()
+    Item.objects.filter(pk=item.pk).update(
+        created_at=now - timedelta(days=enqueued_days),
+        finished_at=now - timedelta(hours=failed_hours))
+    return item
+
+
+def last_24_hours(queue, kind, statuses, **extra):
+    now = timezone.now()
+    return bulk.BulkFilter.build(queue, kind, statuses, now - timedelta(hours=24), now, **extra)
+
+
+def test_a_retry_ranges_over_when_items_failed_unless_told_otherwise(queue):
+    # The example: enqueued 3 days ago, failed an hour ago.
+    old_but_failed_now = enqueued_days_ago_failed_hours_ago(queue, "a", 3, 1)
+    failed_yesterday = enqueued_days_ago_failed_hours_ago(queue, "b", 2, 30)
+    by_failure = bulk.preview(last_24_hours(queue, "retry", ["failed"]))
+    assert by_failure.filter.clock == "finished"
+    assert [i.pk for i in by_failure.sample] == [old_but_failed_now.pk]
+    by_enqueue = bulk.preview(last_24_hours(queue, "retry", ["failed"], clock="enqueued"))
+    assert by_enqueue.eligible == 0
+    by_days = bulk.preview(bulk.BulkFilter.build(
+        queue, "retry", ["failed"], timezone.now() - timedelta(hours=36),
+        timezone.now() - timedelta(hours=24)))
+    assert [i.pk for i in by_days.sample] == [failed_yesterday.pk]
+
+
+def test_a_cancel_ranges_over_when_items_were_enqueued(queue):
+    items_in_status(queue, "queued", 2)
+    preview = bulk.preview(last_24_hours(queue, "cancel", ["queued"]))
+    assert (preview.filter.clock, preview.eligible) == ("enqueued", 2)
+
+
+def test_an_item_that_fails_after_the_preview_is_left_out_of_a_range_over_failure_time(queue):
+    items_in_status(queue, "failed", 1, prefix="before")
+    preview = bulk.preview(a_filter(queue, "retry", ["failed"]))
+    [late] = items_in_status(queue, "running", 1, prefix="late")
+    Item.objects.filter(pk=late.pk).update(created_at=preview.filter.snapshot_at)
+    lifecycle.finish(queue, [lifecycle.Outcome(item_id=late.pk, attempt=1, error="x",
+                                               permanent=True)], worker="w")
+    operation = confirm(preview)
+    run_to_end(operation)
+    assert Item.objects.get(pk=late.pk).status == Status.FAILED
+
+
+def test_an_identifier_prefix_narrows_a_bulk_filter(queue):
+    items_in_status(queue, "failed", 2, prefix="order")
+    items_in_status(queue, "failed", 3, prefix="invoice")
+    assert bulk.preview(a_filter(queue, "retry", ["failed"], identifier_prefix="order")
+                        ).eligible == 2
+
+
+def test_it_refuses_an_unknown_clock(queue):
+    with pytest.raises(bulk.BulkError) as refused:
+        a_filter(queue, "retry", ["failed"], clock="yesterday")
+    assert "clock" in refused.value.fields
+
+
+def test_an_operation_recorded_before_clocks_keeps_its_enqueue_time_range(queue):
+    data = a_filter(queue, "retry", ["failed"]).as_json()
+    del data["clock"], data["identifier_prefix"]
+    assert bulk.BulkFilter.from_json(data).clock == "enqueued"
+    assert bulk.BulkFilter.from_json({**data, "kind": "replay"}).clock == "finished"

@@ -147,3 +147,61 @@ def test_query_count_is_constant(role_client, queue, django_assert_max_num_queri
 
 def test_unknown_queue_is_404(role_client):
     assert role_client("Viewer").get("/queues/nope/").status_code == 404
+
+
+def failed(queue, prefix, enqueued_ago, failed_ago, n=1):
+    items = items_in_status(queue, "failed", n, prefix=prefix)
+    now = timezone.now()
+    Item.objects.filter(pk__in=[i.pk for i in items]).update(
+        created_at=now - enqueued_ago, finished_at=now - failed_ago)
+
+
+def test_a_list_of_failed_items_ranges_over_when_they_failed(role_client, queue):
+    failed(queue, "recent-failure", timedelta(days=3), timedelta(hours=1))
+    failed(queue, "old-failure", timedelta(days=3), timedelta(days=2))
+    response = role_client("Viewer").get(
+        "/queues/emails/", {"status": "failed", "period": "24h"})
+    assert identifiers(response) == ["recent-failure-0"]
+    by_enqueue = role_client("Viewer").get(
+        "/queues/emails/", {"status": "failed", "period": "24h", "clock": "enqueued"})
+    assert identifiers(by_enqueue) == []
+
+
+def test_retry_all_matching_opens_the_preview_of_exactly_this_list(role_client, queue):
+    failed(queue, "order", timedelta(days=3), timedelta(hours=1), n=3)
+    failed(queue, "invoice", timedelta(days=3), timedelta(hours=2))
+    failed(queue, "order-old", timedelta(days=3), timedelta(days=2))
+    client = role_client("Operator")
+    listing = client.get("/queues/emails/", {"status": "failed", "period": "24h",
+                                             "identifier": "order"})
+    assert listing.context["page"].total == "3"
+    query = listing.context["retry_query"]
+    assert listing.context["cancel_query"] is None  # failed items cannot be cancelled
+    assert "Retry all 3 matching" in listing.content.decode()
+    preview = client.get(f"/queues/emails/bulk/?{query}").context["preview"]
+    assert (preview.matching, preview.eligible, preview.filter.clock) == (3, 3, "finished")
+
+
+def test_an_unfiltered_list_carries_every_item_to_the_bulk_preview(role_client, queue):
+    items_in_status(queue, "failed", 2)
+    enqueued(queue, 3)
+    client = role_client("Operator")
+    listing = client.get("/queues/emails/")
+    preview = client.get(f"/queues/emails/bulk/?{listing.context['retry_query']}"
+                         ).context["preview"]
+    assert (preview.matching, preview.eligible) == (5, 2)
+    assert listing.context["page"].total == "5"
+
+
+def test_a_viewer_is_offered_no_bulk_action(role_client, queue):
+    items_in_status(queue, "failed", 1)
+    response = role_client("Viewer").get("/queues/emails/")
+    assert "retry_query" not in response.context and "matching…" not in response.content.decode()
+
+
+def test_totals_of_a_thousand_and_more_read_as_plural(role_client, queue, monkeypatch):
+    monkeypatch.setattr(queries, "PAGE_SIZE", 2)
+    enqueued(queue, 1000, prefix="a")
+    enqueued(queue, 200, prefix="b")
+    response = role_client("Viewer").get("/queues/emails/")
+    assert "1,200 items" in response.content.decode()

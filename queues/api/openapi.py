@@ -265,10 +265,25 @@ def document(server: str = "/api/v1") -> dict:
                         "statuses": {"type": "array", "items": {"type": "string",
                                                                 "enum": list(Status.values)},
                                      "description": "Ignored for replay and purge (failed)."},
-                        "created_from": {**DATE_TIME, "description": "Enqueued (retry, "
-                                         "cancel) or failed (replay, purge) from; with offset."},
-                        "created_to": DATE_TIME,
+                        "clock": {"type": "string",
+                                  "enum": ["enqueued", "finished", "updated", "next_run"],
+                                  "description": "Which time `from` and `to` bound: when "
+                                  "items were enqueued, finished (failed, completed or "
+                                  "cancelled), last updated, or are due to run. Default "
+                                  "`finished` for retry, replay and purge, `enqueued` for "
+                                  "cancel."},
+                        "from": {**DATE_TIME, "description": "Start of the range on `clock` "
+                                 "(inclusive), with a time-zone offset."},
+                        "to": {**DATE_TIME, "description": "End of the range on `clock` "
+                               "(exclusive), with a time-zone offset."},
+                        "created_from": {**DATE_TIME, "description": "Older name of a range "
+                                         "over the enqueued clock: same as `from` with "
+                                         "`clock: enqueued`; not with `from`/`to`."},
+                        "created_to": {**DATE_TIME, "description": "Older name of `to` over "
+                                       "the enqueued clock."},
                         "account": {"type": "string"},
+                        "identifier_prefix": {"type": "string",
+                                              "description": "Identifiers starting with it."},
                         "error_contains": {"type": "string"},
                         "reason": {"type": "string",
                                    "enum": ["", "permanent", "exhausted", "worker lost"]},

@@ -313,8 +313,8 @@ def queue_list(request):
 
 # --- bulk operations, dead letters, pause and resume ------------------------------------------
 
-BULK_FIELDS = {"kind", "statuses", "created_from", "created_to", "account", "error_contains",
-               "reason", "ids"}
+BULK_FIELDS = {"kind", "statuses", "clock", "from", "to", "created_from", "created_to",
+               "account", "identifier_prefix", "error_contains", "reason", "ids"}
 
 
 def _object(document, allowed: set[str]) -> dict:
@@ -342,6 +342,21 @@ def _aware(document: dict, name: str, fields: dict) -> datetime | None:
         return None
 
 
+def _bulk_range(document: dict, clock: str, fields: dict):
+    """`from` and `to` bound the `clock` (the kind's natural one when absent);
+    `created_from`/`created_to` are the older names of a range over the enqueued clock."""
+    aliases = "created_from" in document or "created_to" in document
+    if aliases and ("from" in document or "to" in document):
+        fields["from"] = "give from/to or created_from/created_to, not both"
+        return None, None, clock
+    if aliases:
+        if clock not in ("", "enqueued"):
+            fields["clock"] = "created_from/created_to range over the enqueued clock; use from/to"
+        return (_aware(document, "created_from", fields), _aware(document, "created_to", fields),
+                "enqueued")
+    return _aware(document, "from", fields), _aware(document, "to", fields), clock
+
+
 def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
     """A bulk request's filter, checked field by field (422 naming each bad one)."""
     document = _object(document, BULK_FIELDS)
@@ -356,20 +371,22 @@ def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
     if not isinstance(statuses, list) or not all(isinstance(s, str) for s in statuses):
         fields["statuses"] = "must be an array of statuses"
         statuses = []
+    clock = _text(document, "clock", fields)
     if ids:
         statuses = statuses or list(Status.values)
         start, end = bulk.selection_range(timezone.now())
     else:
-        start, end = _aware(document, "created_from", fields), _aware(document,
-                                                                     "created_to", fields)
+        start, end, clock = _bulk_range(document, clock, fields)
     account = _text(document, "account", fields)
+    identifier_prefix = _text(document, "identifier_prefix", fields)
     error_contains = _text(document, "error_contains", fields)
     reason = _text(document, "reason", fields)
     if fields:
         raise _invalid(fields)
     try:
         return bulk.BulkFilter.build(queue, kind, statuses, start, end, account,
-                                     error_contains, ids=ids, reason=reason)
+                                     error_contains, ids=ids, reason=reason, clock=clock,
+                                     identifier_prefix=identifier_prefix)
     except bulk.BulkError as exc:
         raise _invalid(exc.fields or {"body": exc.message}) from None
 

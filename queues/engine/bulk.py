@@ -1,4 +1,8 @@
-"""Bulk retry and cancel by enqueue-time range and status, safe at 100k+ items.
+"""Bulk retry and cancel by time range and status, safe at 100k+ items.
+
+Every range names its clock (CLOCKS): when items were enqueued, finished, last updated or are due
+to run. The natural reading is the default: retrying and replaying range over when items failed
+or finished, cancelling over when they were enqueued.
 
 A preview freezes a snapshot (items enqueued no later than the preview and with ids no higher
 than the highest it saw) and counts what is eligible. Confirming re-counts inside that snapshot:
@@ -45,6 +49,19 @@ KINDS = {
 }
 DEAD_LETTER_KINDS = (BulkOperation.Kind.REPLAY, BulkOperation.Kind.PURGE)
 MAX_SELECTION = 1000  # one page of ids per request
+# clock: the item's column a time range applies to, and how a sentence names it.
+CLOCKS = {"enqueued": "created_at", "finished": "finished_at", "updated": "updated_at",
+          "next_run": "run_at"}
+CLOCK_WORDS = {"enqueued": "enqueued", "finished": "finished", "updated": "last updated",
+               "next_run": "due to run"}
+# Identifiers sort below this character, so a prefix is an index range (as on the item list).
+PREFIX_END = "\U0010ffff"
+
+
+def default_clock(kind: str) -> str:
+    """Retry, replay and purge act on ended items, by when they ended; cancel on waiting
+    items, by when they were enqueued."""
+    return "enqueued" if kind == BulkOperation.Kind.CANCEL else "finished"
 INELIGIBLE_REASONS = {
     (BulkOperation.Kind.CANCEL, Status.RUNNING):
         "running items are not cancelled mid-flight; they finish on their own",
@@ -104,18 +121,26 @@ class BulkFilter:
     max_id: int | None = None
     ids: tuple[int, ...] = ()  # a selection of items instead of every match
     reason: str = ""  # dead-letter reason (replay and purge)
+    # Which time created_from and created_to bound (a key of CLOCKS).
+    clock: str = "enqueued"
+    identifier_prefix: str = ""
 
     @classmethod
     def build(cls, queue: Queue, kind: str, statuses, created_from: datetime,
               created_to: datetime, account: str = "", error_contains: str = "", *,
-              ids=(), reason: str = "") -> "BulkFilter":
+              ids=(), reason: str = "", clock: str = "", identifier_prefix: str = ""
+              ) -> "BulkFilter":
         """Checks what an operator asked for; raises BulkError naming each bad field. For
-        dead-letter kinds the status is always failed and the range is the failure time."""
+        dead-letter kinds the status is always failed. No clock means the kind's natural one."""
         fields = {}
         if kind not in KINDS:
             fields["kind"] = f"must be one of {', '.join(KINDS)}"
-        elif kind in DEAD_LETTER_KINDS:
-            statuses = [Status.FAILED]
+        else:
+            clock = clock or default_clock(kind)
+            if kind in DEAD_LETTER_KINDS:
+                statuses = [Status.FAILED]
+        if clock not in CLOCKS:
+            fields["clock"] = f"must be one of {', '.join(CLOCKS)}"
         ids = tuple(sorted(set(ids)))
         if len(ids) > MAX_SELECTION:
             fields["ids"] = f"select at most {MAX_SELECTION} items"
@@ -132,7 +157,8 @@ class BulkFilter:
         if fields:
             raise BulkError("; ".join(f"{k} {v}" for k, v in fields.items()), fields)
         return cls(queue.pk, kind, statuses, created_from, created_to, account.strip(),
-                   error_contains.strip(), ids=ids, reason=reason.strip())
+                   error_contains.strip(), ids=ids, reason=reason.strip(), clock=clock,
+                   identifier_prefix=identifier_prefix.strip())
 
     def frozen(self, now: datetime) -> "BulkFilter":
         """The same filter over a fixed snapshot: what exists now, and nothing enqueued later."""
@@ -146,9 +172,16 @@ class BulkFilter:
         accepted = KINDS[self.kind][1]
         return tuple(s for s in self.statuses if s in accepted)
 
+    @property
+    def time_field(self) -> str:
+        return CLOCKS[self.clock]
+
+    @property
+    def clock_words(self) -> str:
+        return CLOCK_WORDS[self.clock]
+
     def items(self, statuses=None):
-        # Dead letters are chosen by when they failed, other items by when they were enqueued.
-        time_field = "finished_at" if self.kind in DEAD_LETTER_KINDS else "created_at"
+        time_field = self.time_field
         query = Item.objects.filter(
             queue_id=self.queue_id, status__in=statuses or self.statuses,
             **{f"{time_field}__gte": self.created_from, f"{time_field}__lt": self.created_to},
@@ -162,8 +195,15 @@ class BulkFilter:
             query = query.filter(Exists(letters))
         if self.snapshot_at is not None:
             query = query.filter(created_at__lte=self.snapshot_at, id__lte=self.max_id)
+            if self.clock in ("finished", "updated"):
+                # An item that ends or changes after the preview joins no range it saw.
+                query = query.filter(**{f"{time_field}__lte": self.snapshot_at})
         if self.account:
             query = query.filter(account=self.account)
+        if self.identifier_prefix:
+            prefix = self.identifier_prefix
+            query = query.filter(identifier__gte=prefix, identifier__lt=prefix + PREFIX_END,
+                                 identifier__startswith=prefix)
         if self.error_contains:
             query = query.filter(last_error__icontains=self.error_contains)
         return query
@@ -183,6 +223,10 @@ class BulkFilter:
             values[name] = parse_datetime(values[name]) if values.get(name) else None
         values["statuses"] = tuple(values["statuses"])
         values["ids"] = tuple(values.get("ids", ()))
+        # Operations recorded before ranges named their clock: dead letters by failure time,
+        # the rest by enqueue time.
+        values.setdefault("clock", "finished" if values["kind"] in DEAD_LETTER_KINDS
+                          else "enqueued")
         return cls(**values)
 
     def digest(self) -> str:

@@ -52,7 +52,8 @@ def bulk_page(request, key):
                 bulk_filter = bulk.BulkFilter.build(
                     queue, data["kind"], data["status"], data["created_from"],
                     data["created_to"], data["account"], data["error"], ids=data["ids"],
-                    reason=data["reason"])
+                    reason=data["reason"], clock=data["clock"],
+                    identifier_prefix=data["identifier"])
             except bulk.BulkError as error:
                 context["error"], status = error.message, 422
             else:
@@ -86,7 +87,7 @@ def bulk_start(request, key):
         return render_page(request, "queues/_bulk_preview.html", context, status=409)
     except bulk.BulkError as error:
         return render_page(request, "queues/_bulk_preview.html",
-                      {"queue": queue, "error": error.message}, status=422)
+                           {"queue": queue, "error": error.message}, status=422)
     if request.htmx:
         return HttpResponseClientRedirect(operation_url(operation))
     return redirect(operation_url(operation))
@@ -119,5 +120,5 @@ def bulk_stop(request, key, pk):
     operation.refresh_from_db()
     if request.htmx:
         return render_page(request, "queues/_bulk_progress.html",
-                      {"queue": operation.queue, "operation": operation})
+                           {"queue": operation.queue, "operation": operation})
     return redirect(operation_url(operation))

@@ -3,12 +3,19 @@ so a view never passes request data to the ORM as it came."""
 
 import zoneinfo
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django import forms
 from django.utils import timezone
 
-from queues.engine.bulk import MAX_SELECTION, selection_range
-from queues.models import MAX_ACCOUNT_LENGTH, MAX_IDENTIFIER_LENGTH, Queue, Status
+from queues.engine.bulk import KINDS, MAX_SELECTION, selection_range
+from queues.models import (
+    FINISHED_STATUSES,
+    MAX_ACCOUNT_LENGTH,
+    MAX_IDENTIFIER_LENGTH,
+    Queue,
+    Status,
+)
 from queues.web.queries import parse_cursor
 
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
@@ -17,6 +24,9 @@ DEAD_LETTER_REASONS = [
     ("", "Any reason"), ("permanent", "Permanent error"), ("exhausted", "Retries exhausted"),
     ("worker lost", "Worker lost")]
 DATETIME_LOCAL = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"]
+# Which time a range bounds; an empty choice means the natural one for what is asked.
+CLOCK_CHOICES = [("enqueued", "Enqueued"), ("finished", "Finished / failed"),
+                 ("updated", "Last updated"), ("next_run", "Next run")]
 
 
 def check_range(form, start, end, start_field="created_from", end_field="created_to"):
@@ -45,6 +55,14 @@ class QueueFilterForm(forms.Form):
         ("", "All queues"), ("alerting", "With alerts"), ("paused", "Paused")], label="Show")
 
 
+def natural_list_clock(statuses) -> str:
+    """A list of ended items ranges over when they ended; any other list over when its items
+    were enqueued (the time every item has)."""
+    if statuses and set(statuses) <= set(FINISHED_STATUSES):
+        return "finished"
+    return "enqueued"
+
+
 class ItemFilterForm(TimeRangeForm):
     status = forms.MultipleChoiceField(required=False, choices=Status.choices,
                                        widget=forms.CheckboxSelectMultiple)
@@ -52,9 +70,11 @@ class ItemFilterForm(TimeRangeForm):
     identifier = forms.CharField(required=False, max_length=MAX_IDENTIFIER_LENGTH,
                                  label="Identifier starts with")
     error = forms.CharField(required=False, max_length=200, label="Error contains")
-    period = forms.ChoiceField(required=False, label="Created", choices=[
+    period = forms.ChoiceField(required=False, label="Time", choices=[
         ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
         ("custom", "From / to")])
+    clock = forms.ChoiceField(required=False, label="Range over", choices=[
+        ("", "Finished for ended items, else enqueued"), *CLOCK_CHOICES])
     before = forms.CharField(required=False, max_length=60, widget=forms.HiddenInput)
 
     def clean_before(self):
@@ -73,8 +93,35 @@ class ItemFilterForm(TimeRangeForm):
         elif period != "custom":
             data["created_from"] = data["created_to"] = None
         check_range(self, data.get("created_from"), data.get("created_to"))
+        data["clock"] = data.get("clock") or natural_list_clock(data.get("status"))
         data["cursor"] = parse_cursor(data["before"]) if data.get("before") else None
         return data
+
+    def bulk_query(self, kind: str) -> str | None:
+        """The bulk page's query string for acting on every item this list matches, with its
+        statuses, clock, range and text filters carried over; None when the kind applies to
+        none of the listed statuses."""
+        data = self.cleaned_data
+        statuses = data.get("status") or list(Status.values)
+        if not set(statuses) & set(KINDS[kind][1]):
+            return None
+        query = {"kind": kind, "preview": "1", "status": statuses, "clock": data["clock"],
+                 "account": data.get("account", ""), "identifier": data.get("identifier", ""),
+                 "error": data.get("error", "")}
+        period = data.get("period")
+        if period in PERIODS:
+            query["period"] = period
+        elif data.get("created_from"):
+            end = data.get("created_to") or timezone.now()
+            query |= {"period": "custom",
+                      "created_from": _local(data["created_from"]), "created_to": _local(end)}
+        else:
+            query["period"] = "all"
+        return urlencode({k: v for k, v in query.items() if v}, doseq=True)
+
+
+def _local(moment) -> str:
+    return timezone.localtime(moment).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 class SearchForm(forms.Form):
@@ -110,8 +157,12 @@ class BulkForm(TimeRangeForm):
                                        widget=forms.CheckboxSelectMultiple)
     period = forms.ChoiceField(required=False, label="Time range", choices=[
         ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
-        ("custom", "From / to")])
+        ("custom", "From / to"), ("all", "Any time")])
+    clock = forms.ChoiceField(required=False, label="Range over", choices=[
+        ("", "When it failed (retry) / was enqueued (cancel)"), *CLOCK_CHOICES])
     account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
+    identifier = forms.CharField(required=False, max_length=MAX_IDENTIFIER_LENGTH,
+                                 label="Identifier starts with")
     error = forms.CharField(required=False, max_length=200, label="Error contains")
     reason = forms.ChoiceField(required=False, label="Dead-letter reason",
                                choices=DEAD_LETTER_REASONS)
@@ -135,6 +186,10 @@ class BulkForm(TimeRangeForm):
             for name in ("created_from", "created_to"):
                 if not data.get(name):
                     self.add_error(name, "Required for a custom range.")
+        elif period == "all":
+            # Every item so far; the preview's snapshot and the operation limit still bound it.
+            data["created_from"], data["created_to"] = selection_range(timezone.now())
+            return data
         else:
             self.add_error("period", "Choose a time range.")
         check_range(self, data.get("created_from"), data.get("created_to"))

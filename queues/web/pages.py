@@ -72,8 +72,12 @@ def queue_items(request, key):
     form = ItemFilterForm(request.GET)
     now = timezone.now()
     page = queries.item_page(queue, form.cleaned_data, now) if form.is_valid() else None
-    return _page_or_fragment(request, "queues/items.html", "queues/_item_list.html",
-                             {"queue": queue, "form": form, "page": page, "now": now},
+    context = {"queue": queue, "form": form, "page": page, "now": now}
+    if page and page.total_count and can_operate(request.user):
+        # "Retry / Cancel all N matching": the bulk preview of exactly this list.
+        context |= {"retry_query": form.bulk_query("retry"),
+                    "cancel_query": form.bulk_query("cancel")}
+    return _page_or_fragment(request, "queues/items.html", "queues/_item_list.html", context,
                              status=200 if page else 400)
 
 
@@ -234,7 +238,7 @@ def preferences(request):
         messages.success(request, f"Times are now shown in {time_zone}.")
         return redirect("queues:preferences")
     return render_page(request, "queues/preferences.html", {"form": form},
-                  status=400 if form.is_bound else 200)
+                       status=400 if form.is_bound else 200)
 
 
 @require_GET

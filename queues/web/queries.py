@@ -14,6 +14,7 @@ from django.db import connection
 from django.db.models import Count, Min, Q
 
 from queues.engine import counters
+from queues.engine.bulk import CLOCKS, PREFIX_END
 from queues.engine.lifecycle import retry_delay
 from queues.models import (
     IN_FLIGHT_STATUSES,
@@ -36,7 +37,6 @@ TIMING_SAMPLE = 200  # finished items per queue behind the wait and run time per
 ERROR_SAMPLE = 1_000  # newest failing items per status that the errors view groups
 SERVICE_ROUNDS = 20  # selector rounds behind "served recently" and the share of service
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-PREFIX_END = "\U0010ffff"  # sorts after every character: [prefix, prefix + this) is a prefix
 
 
 # --- overview ----------------------------------------------------------------------------------
@@ -149,6 +149,7 @@ class ItemPage:
     items: list[Item]
     next_cursor: str
     total: str  # "1,234" or "10,000+"
+    total_count: int  # the number behind it, for plurals
     holds: dict[int, str]  # item id -> what holds it back instead of its retry time
 
 
@@ -163,10 +164,11 @@ def filtered_items(queue: Queue, data: dict):
                              identifier__startswith=prefix)
     if data.get("error"):
         items = items.filter(last_error__icontains=data["error"])
+    time_field = CLOCKS[data.get("clock") or "enqueued"]
     if data.get("created_from"):
-        items = items.filter(created_at__gte=data["created_from"])
+        items = items.filter(**{f"{time_field}__gte": data["created_from"]})
     if data.get("created_to"):
-        items = items.filter(created_at__lt=data["created_to"])
+        items = items.filter(**{f"{time_field}__lt": data["created_to"]})
     return items
 
 
@@ -183,7 +185,9 @@ def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
     rows = newest_first(page, statuses, PAGE_SIZE + 1)
     items, more = rows[:PAGE_SIZE], len(rows) > PAGE_SIZE
     next_cursor = f"{_micros(items[-1].created_at)}-{items[-1].pk}" if more else ""
-    return ItemPage(items=items, next_cursor=next_cursor, total=_total(queue, base, data),
+    total, exact = _total(queue, base, data)
+    return ItemPage(items=items, next_cursor=next_cursor,
+                    total=f"{total:,}" if exact else f"{total:,}+", total_count=total,
                     holds=_holds(queue, items, now))
 
 
@@ -201,17 +205,19 @@ def newest_first(items, statuses: list[str], limit: int) -> list[Item]:
     return list(Item.objects.raw(sql, params))
 
 
-def _total(queue: Queue, base, data: dict) -> str:
+def _total(queue: Queue, base, data: dict) -> tuple[int, bool]:
+    """How many items match, and whether that is exact (a narrowed count stops past
+    EXACT_COUNT_LIMIT)."""
     statuses = data.get("status") or list(Status.values)
     narrowed = any(data.get(k) for k in ("account", "identifier", "error", "created_from",
                                          "created_to"))
     if not narrowed:
         counts = counters.status_counts([queue.pk])[queue.pk]
-        return f"{sum(max(0, counts[s]) for s in statuses):,}"
+        return sum(max(0, counts[s]) for s in statuses), True
     if len(statuses) < len(Status.values):
         base = base.filter(status__in=statuses)
     n = base.values("id")[:EXACT_COUNT_LIMIT + 1].count()
-    return f"{EXACT_COUNT_LIMIT:,}+" if n > EXACT_COUNT_LIMIT else f"{n:,}"
+    return (EXACT_COUNT_LIMIT, False) if n > EXACT_COUNT_LIMIT else (n, True)
 
 
 def _micros(moment: datetime) -> int:

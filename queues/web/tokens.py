@@ -34,7 +34,7 @@ def _list(request, form, status=200):
     listed = (ApiToken.objects.select_related("created_by").prefetch_related("queues")
               .order_by("-created_at")[:LIST_SIZE])
     return render_page(request, "queues/tokens.html", {"tokens": listed, "form": form},
-                  status=status)
+                       status=status)
 
 
 @require_GET
@@ -55,7 +55,7 @@ def token_create(request):
         data["name"], queue_keys=[queue.key for queue in data["queues"]],
         all_queues=data["all_queues"], actor=request.user)
     return render_page(request, "queues/token_created.html", {"token": token, "secret": secret},
-                  status=201)
+                       status=201)
 
 
 @require_POST

@@ -15,10 +15,14 @@ TRACEBACK = ('Traceback (most recent call last):\n  File "/app/handlers.py", lin
              'deliver\n    response.raise_for_status()\nHTTPError: 503 Server Error')
 
 
-def seed():
+def users():
     for role in ("Viewer", "Operator", "Admin"):
         user = User.objects.create_user(role.lower(), password=PASSWORD)
         user.groups.add(Group.objects.get(name=role))
+
+
+def seed():
+    users()
     queue = QueueFactory(key="emails", name="Emails")
     QueueFactory(key="reports", name="Reports", paused=True)
     failed = item_in_status(queue, "failed", prefix="invoice", account="tenant-1")
@@ -28,3 +32,17 @@ def seed():
     enqueue("emails", account="tenant-4", identifier="waiting-1", payload={"to": "<b>x</b>"})
     old = enqueue("emails", account="tenant-4", identifier="old-1")
     Item.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=3))
+
+
+def seed_headline():
+    """The headline task's queue: items that failed an hour ago although they were enqueued
+    three days ago, items that failed two days ago, and items still waiting."""
+    users()
+    queue = QueueFactory(key="webhooks", name="Webhooks")
+    QueueFactory(key="emails", name="Emails")
+    now = timezone.now()
+    for prefix, failed_ago, n in (("late", timedelta(hours=1), 3), ("early", timedelta(days=2), 2)):
+        items = items_in_status(queue, "failed", n, prefix=prefix, account="tenant-1")
+        Item.objects.filter(pk__in=[i.pk for i in items]).update(
+            created_at=now - timedelta(days=3), finished_at=now - failed_ago)
+    items_in_status(queue, "queued", 2, prefix="waiting", account="tenant-2")

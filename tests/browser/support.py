@@ -71,9 +71,10 @@ def run(env: dict, *args: str) -> str:
                           cwd=settings.BASE_DIR, capture_output=True, text=True).stdout.strip()
 
 
-def migrate_and_seed(env: dict):
+def migrate_and_seed(env: dict, seed: str = "seed"):
+    """Migrate the server's database, then run a seed function of tests.browser.seed in it."""
     run(env, "manage.py", "migrate", "--noinput", "-v0")
-    run(env, "-c", "import django; django.setup(); from tests.browser.seed import seed; seed()")
+    run(env, "-c", f"import django; django.setup(); from tests.browser import seed; seed.{seed}()")
 
 
 def sign_in(page, server_url: str, username: str):
