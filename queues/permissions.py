@@ -11,6 +11,7 @@ from django.contrib.auth.models import Group, Permission
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import render
+from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect
 
 VIEWER, OPERATOR, ADMIN = "Viewer", "Operator", "Admin"
@@ -59,7 +60,8 @@ def role_required(role: str):
             if not request.user.is_authenticated:
                 if request.htmx:
                     return HttpResponseClientRedirect(redirect_to_login(
-                        request.htmx.current_url_abs_path or "/")["Location"])
+                        request.htmx.current_url_abs_path or reverse("queues:overview")
+                    )["Location"])
                 return redirect_to_login(request.get_full_path())
             if not has_role(request.user, role):
                 raise PermissionDenied(f"This needs the {role} role.")

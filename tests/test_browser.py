@@ -85,6 +85,21 @@ def test_overview_refreshes_itself(page_as):
     playwright_sync.expect(page.locator("[data-connection]")).to_have_text("Live")
 
 
+def test_the_overview_refresh_keeps_keyboard_focus_and_scroll(page_as):
+    page = page_as("viewer")
+    page.set_viewport_size({"width": 1280, "height": 300})
+    link = page.locator("#q-emails-errors")
+    link.focus()
+    page.evaluate("window.scrollTo(0, 120)")
+    scrolled = page.evaluate("window.scrollY")
+    first = page.locator("#queue-table time").first.get_attribute("datetime")
+    page.wait_for_function(
+        "first => document.querySelector('#queue-table time').getAttribute('datetime')"
+        " !== first", arg=first, timeout=15_000)
+    playwright_sync.expect(page.locator("#q-emails-errors")).to_be_focused()
+    assert page.evaluate("window.scrollY") == scrolled
+
+
 def test_filter_items_by_status_and_time_range(page_as, server, axe_source):
     page = page_as("viewer")
     page.get_by_role("link", name="Emails").click()
@@ -127,8 +142,11 @@ def test_cancel_a_queued_item(page_as):
     page = page_as("operator")
     page.goto(page.url + "search/?q=waiting-1")
     page.get_by_role("link", name="waiting-1").click()
-    page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Cancel").click()
+    # The page's own confirmation dialog, not the browser's confirm().
+    dialog = page.get_by_role("dialog")
+    playwright_sync.expect(dialog).to_contain_text("Cancel item waiting-1?")
+    dialog.get_by_role("button", name="Confirm").click()
     playwright_sync.expect(page.locator("#item-status")).to_have_text("Cancelled")
 
 

@@ -111,3 +111,22 @@ def test_the_overview_shows_the_global_pause_and_who_set_it(role_client, queue):
     html = client.get("/").content.decode()
     assert "Every queue is paused" in html and "operator-user" in html
     assert "Resume all queues" in html
+
+
+def test_a_pause_without_htmx_goes_back_only_to_a_page_of_this_site(role_client):
+    QueueFactory(key="emails")
+    client = role_client("Operator")
+    back = client.post("/queues/emails/pause/", {"next": "/queues/emails/errors/"})
+    assert back["Location"] == "/queues/emails/errors/"
+    elsewhere = client.post("/queues/emails/resume/", {"next": "https://evil.example/"})
+    assert elsewhere["Location"] == "/queues/emails/"
+
+
+def test_a_pause_from_htmx_says_what_it_did_and_refreshes_the_page(role_client):
+    import json
+
+    QueueFactory(key="emails")
+    response = role_client("Operator").post("/queues/emails/pause/", HTTP_HX_REQUEST="true")
+    events = json.loads(response["HX-Trigger"])
+    assert "queueadmin:changed" in events
+    assert events["queueadmin:toast"]["message"].startswith("Queue emails paused")

@@ -173,7 +173,7 @@ def test_the_dead_letters_page_filters_and_offers_replay_and_purge(role_client, 
     items_in_status(queue, "failed", 3)
     admin = role_client("Admin")
     html = admin.get("/dead-letters/", {"queue": "emails", "reason": "permanent"}).content.decode()
-    assert "Replay all matching" in html and "Purge all matching" in html
+    assert "Replay all matching" in html and "Delete all matching for good (purge)" in html
     assert html.count('form="selection-form"') == 3
     viewer_html = role_client("Viewer").get("/dead-letters/", {"queue": "emails"}).content.decode()
     assert "Replay all matching" not in viewer_html and 'form="selection-form"' not in viewer_html

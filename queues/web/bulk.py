@@ -7,7 +7,7 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
-from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
+from django_htmx.http import HttpResponseClientRedirect
 
 from queues.engine import bulk
 from queues.models import BulkOperation, Queue
@@ -18,6 +18,7 @@ from queues.permissions import (
     render_page,
     viewer_required,
 )
+from queues.web import feedback
 from queues.web.forms import BulkConfirmForm, BulkForm
 
 RECENT_OPERATIONS = 20
@@ -107,7 +108,9 @@ def bulk_operation(request, key, pk):
     template = "queues/_bulk_progress.html" if request.htmx else "queues/bulk_operation.html"
     response = render_page(request, template, context)
     if request.htmx and operation.finished:
-        response = trigger_client_event(response, "queueadmin:changed", {"bulk": pk})
+        response = feedback.changed_and_said(
+            response, f"{operation.get_kind_display()} #{operation.pk}: "
+            f"{operation.get_state_display().lower()}, {operation.changed:,} changed.", bulk=pk)
     return response
 
 

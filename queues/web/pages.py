@@ -8,7 +8,6 @@ from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
-from django_htmx.http import trigger_client_event
 
 from queues.engine import audit, counters, lifecycle, pausing, selector, sweeper
 from queues.models import (
@@ -20,7 +19,7 @@ from queues.models import (
     UserPreference,
 )
 from queues.permissions import can_operate, operator_required, render_page, viewer_required
-from queues.web import export, masking, queries
+from queues.web import export, feedback, masking, queries
 from queues.web.forms import (
     PERIODS,
     AccountsForm,
@@ -35,8 +34,6 @@ from queues.web.middleware import SESSION_KEY
 
 # Buttons on the item page -> lifecycle transitions.
 ITEM_ACTIONS = {"retry": "requeue", "cancel": "cancel", "run-now": "run_now"}
-# Tells every live region on the page (counts, lists) to refresh after an action.
-CHANGED_EVENT = "queueadmin:changed"
 LIST_SIZE = 50
 
 
@@ -117,7 +114,8 @@ def item_action(request, pk, action):
     response = render_page(request, "queues/_item_summary.html",
                       {"detail": queries.item_detail(item, now), "now": now,
                        "message": message, "message_ok": done}, status=200 if done else 409)
-    return trigger_client_event(response, CHANGED_EVENT, {"item": pk})
+    # The summary says what happened in place; other regions refresh themselves.
+    return feedback.changed(response, item=pk)
 
 
 @require_GET

@@ -3,24 +3,34 @@ answers htmx with the updated control and an event that refreshes counts and bad
 
 from django import forms
 from django.shortcuts import get_object_or_404, redirect
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
-from django_htmx.http import trigger_client_event
 
 from queues.engine import pausing
 from queues.models import MAX_ACCOUNT_LENGTH, Queue
 from queues.permissions import operator_required, render_page
-
-CHANGED_EVENT = "queueadmin:changed"
+from queues.web import feedback
 
 
 class AccountForm(forms.Form):
     account = forms.CharField(max_length=MAX_ACCOUNT_LENGTH)
 
 
-def _answer(request, template: str, context: dict, fallback: str):
+def _answer(request, template: str, context: dict, fallback: str, said: str):
     if not request.htmx:
-        return redirect(fallback)
-    return trigger_client_event(render_page(request, template, context), CHANGED_EVENT, {})
+        # Back to the page the button was on, if that is a page of this site.
+        back = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()},
+                                               require_https=request.is_secure()):
+            back = fallback
+        return redirect(back)
+    return feedback.changed_and_said(render_page(request, template, context), said)
+
+
+def _done(action: str) -> str:
+    return "paused: running items finish, nothing new starts" if action == "pause" \
+        else "resumed"
 
 
 @require_POST
@@ -29,7 +39,8 @@ def queue_pause(request, key, action):
     queue = get_object_or_404(Queue, key=key)
     pausing.set_queue_paused(queue, action == "pause", actor=request.user)
     return _answer(request, "queues/_queue_pause.html", {"queue": queue},
-                   request.POST.get("next") or f"/queues/{queue.key}/")
+                   reverse("queues:queue_items", args=[queue.key]),
+                   f"Queue {queue.key} {_done(action)}.")
 
 
 @require_POST
@@ -43,7 +54,8 @@ def account_pause(request, key, action):
     pausing.set_account_paused(queue, account, action == "pause", actor=request.user)
     return _answer(request, "queues/_account_pause.html",
                    {"queue": queue, "account": account, "paused": action == "pause"},
-                   f"/queues/{queue.key}/accounts/")
+                   reverse("queues:queue_accounts", args=[queue.key]),
+                   f"Account {account} on {queue.key} {_done(action)}.")
 
 
 @require_POST
@@ -51,4 +63,5 @@ def account_pause(request, key, action):
 def global_pause(request, action):
     pausing.set_global_paused(action == "pause", actor=request.user)
     return _answer(request, "queues/_global_pause.html",
-                   {"global_pause": pausing.global_pause()}, "/")
+                   {"global_pause": pausing.global_pause()}, reverse("queues:overview"),
+                   f"Every queue {_done(action)}.")

@@ -46,7 +46,7 @@ def operator_page(bulk_server):
         page = browser.new_page()
         page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: problems.append(str(e)))
-        page.on("dialog", lambda dialog: dialog.accept())  # the confirmations
+        page.on("dialog", lambda dialog: problems.append(f"a browser dialog: {dialog.message}"))
         sign_in(page, bulk_server[0], "operator")
         yield page, bulk_server[1]
         browser.close()
@@ -58,6 +58,8 @@ def test_bulk_retry_by_time_range_and_status_then_cancel_a_selection(operator_pa
     page.get_by_role("link", name="Emails").click()
     # Paused, so the cluster's selector leaves the items where the test put them.
     page.get_by_role("button", name="Pause queue").click()
+    page.get_by_role("dialog").get_by_role("button", name="Confirm").click()
+    expect(page.locator("#toast")).to_contain_text("Queue emails paused")
     expect(page.locator("#queue-pause")).to_contain_text("Paused by operator")
     start_cluster()
 

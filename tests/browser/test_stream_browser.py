@@ -115,13 +115,13 @@ def test_rows_arrive_in_order_pause_resume_and_survive_a_server_restart(
     expect(page.locator("#stream-rows tr").first).to_contain_text("live-2", timeout=WAIT_MS)
     assert shown(page)[:3] == ["live-2", "live-1", "live-0"]
 
-    page.get_by_role("button", name="Pause").click()
+    page.get_by_role("button", name="Freeze view").click()
     stream_api("held-0")
     stream_api("held-1")
-    expect(page.locator("#stream-buffered")).to_have_text("2 new events while paused",
+    expect(page.locator("#stream-buffered")).to_have_text("2 new events while frozen",
                                                          timeout=WAIT_MS)
     assert shown(page)[0] == "live-2"
-    page.get_by_role("button", name="Resume").click()
+    page.get_by_role("button", name="Unfreeze view").click()
     assert shown(page)[:2] == ["held-1", "held-0"]
     expect(page.locator("#stream-buffered")).to_have_text("")
 

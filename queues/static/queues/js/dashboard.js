@@ -27,4 +27,57 @@
     setConnection(status > 0 && status < 500);
   });
   document.addEventListener("htmx:sendError", function () { setConnection(false); });
+
+  // An action's form or button is busy while its request runs: pressed once, sent once.
+  function actionButtons(elt) {
+    if (elt.tagName === "FORM") { return Array.prototype.slice.call(elt.querySelectorAll("button")); }
+    return elt.tagName === "BUTTON" ? [elt] : [];
+  }
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    actionButtons(event.detail.elt).forEach(function (button) {
+      button.disabled = true;
+      button.setAttribute("aria-busy", "true");
+    });
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    actionButtons(event.detail.elt).forEach(function (button) {
+      button.disabled = false;
+      button.removeAttribute("aria-busy");
+    });
+  });
+  // Plain (non-htmx) posts navigate away: their buttons stay pressed until the next page.
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form.method === "post" && !form.hasAttribute("hx-post")) {
+      setTimeout(function () { actionButtons(form).forEach(function (b) { b.disabled = true; }); }, 0);
+    }
+  });
+
+  // hx-confirm asks in the page's own dialog, not the browser's confirm().
+  document.addEventListener("htmx:confirm", function (event) {
+    var dialog = document.getElementById("confirm-dialog");
+    if (!event.detail.question || !dialog || !dialog.showModal) { return; }
+    event.preventDefault();
+    document.getElementById("confirm-dialog-text").textContent = event.detail.question;
+    document.getElementById("confirm-dialog-ok").textContent =
+      event.detail.elt.getAttribute("data-confirm-label") || "Confirm";
+    dialog.returnValue = "";
+    dialog.addEventListener("close", function answered() {
+      dialog.removeEventListener("close", answered);
+      if (dialog.returnValue === "confirm") { event.detail.issueRequest(true); }
+    });
+    dialog.showModal();
+  });
+
+  // What an action did, said in a status line for a few seconds (the server sends the words).
+  var toastTimer = null;
+  document.body.addEventListener("queueadmin:toast", function (event) {
+    var toast = document.getElementById("toast");
+    if (!toast || !event.detail || !event.detail.message) { return; }
+    toast.textContent = event.detail.message;
+    toast.dataset.kind = event.detail.ok === false ? "error" : "ok";
+    toast.hidden = false;
+    clearTimeout(toastTimer);
+    toastTimer = setTimeout(function () { toast.hidden = true; }, 6000);
+  });
 })();

@@ -44,7 +44,7 @@
       buffered.textContent = "";
       return;
     }
-    buffered.textContent = (held.length + dropped) + " new events while paused" +
+    buffered.textContent = (held.length + dropped) + " new events while frozen" +
       (dropped ? " (" + dropped + " oldest not kept)" : "");
   }
 
@@ -66,7 +66,7 @@
 
   pauseButton.addEventListener("click", function () {
     paused = !paused;
-    pauseButton.textContent = paused ? "Resume" : "Pause";
+    pauseButton.textContent = paused ? "Unfreeze view" : "Freeze view";
     pauseButton.setAttribute("aria-pressed", paused ? "true" : "false");
     if (!paused) {
       show(held);
