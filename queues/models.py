@@ -549,6 +549,20 @@ class BulkOperation(models.Model):
     def finished(self) -> bool:
         return self.state in (self.State.STOPPED, self.State.DONE, self.State.FAILED)
 
+    @property
+    def percent_done(self) -> int:
+        if self.state == self.State.DONE or not self.expected:
+            return 100
+        return min(100, 100 * (self.changed + sum(self.skipped.values())) // self.expected)
+
+    def estimated_end(self, now):
+        """When a running operation should end at the pace of its steps so far, or None."""
+        done = self.changed + sum(self.skipped.values())
+        if self.finished or not done or not self.last_step_at:
+            return None
+        pace = (self.last_step_at - self.created_at) / done
+        return now + pace * max(0, self.expected - done)
+
 
 class GlobalPause(models.Model):
     """One row (id 1): when paused, the selector dispatches nothing on any queue (drain mode

@@ -178,3 +178,19 @@ def test_phone_width_keeps_the_navigation_usable(page_as, axe_source):
     page.reload()
     playwright_sync.expect(page.get_by_role("link", name="Dead letters")).to_be_visible()
     check_accessibility(page, axe_source, "overview-phone")
+
+
+def test_select_all_selects_the_page_then_offers_every_matching_item(page_as):
+    page = page_as("operator")
+    page.get_by_role("link", name="Emails").click()
+    expect = playwright_sync.expect
+    rows = page.locator('#item-list input[name="ids"]')
+    expect(rows.first).to_be_visible()
+    page.get_by_label("Select every item on this page").check()
+    assert all(box.is_checked() for box in rows.all())
+    more = page.locator("[data-select-more]")
+    expect(more).to_be_visible()
+    total = page.locator("#item-list-title").inner_text().split(" ")[0]
+    expect(more.get_by_role("link", name=f"Retry all {total} matching…")).to_be_visible()
+    page.get_by_label("Select every item on this page").uncheck()
+    expect(more).to_be_hidden()

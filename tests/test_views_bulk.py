@@ -177,3 +177,23 @@ def test_the_dead_letters_page_filters_and_offers_replay_and_purge(role_client, 
     assert html.count('form="selection-form"') == 3
     viewer_html = role_client("Viewer").get("/dead-letters/", {"queue": "emails"}).content.decode()
     assert "Replay all matching" not in viewer_html and 'form="selection-form"' not in viewer_html
+
+
+def test_a_running_operation_shows_its_percentage_and_estimated_end(role_client, queue):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    started = timezone.now() - timedelta(seconds=30)
+    operation = BulkOperation.objects.create(
+        queue=queue, kind="retry", actor_name="ops", filter=bulk.BulkFilter.build(
+            queue, "retry", ["failed"], started - timedelta(days=1), started).as_json(),
+        filter_hash="0" * 64, expected=400, changed=100, created_at=started,
+        last_step_at=started + timedelta(seconds=10))
+    assert operation.percent_done == 25
+    # 100 items in 10 s: the other 300 take about 30 s more.
+    end = operation.estimated_end(timezone.now())
+    assert timedelta(seconds=29) < end - timezone.now() <= timedelta(seconds=30)
+    html = role_client("Viewer").get(f"/queues/emails/bulk/{operation.pk}/").content.decode()
+    assert "25%" in html and "ends about" in html
+    assert "Range over</dt><dd>Finished time" in html

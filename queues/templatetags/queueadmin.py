@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 
 from django import template
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
 
 from queues.models import Status
@@ -25,6 +26,26 @@ def relative(moment: datetime | None, now: datetime | None = None):
     exact = timezone.localtime(moment)
     return format_html('<time datetime="{}" title="{}">{}</time>', moment.isoformat(),
                        exact.strftime("%Y-%m-%d %H:%M:%S %Z"), relative_words(moment - now))
+
+
+@register.simple_tag
+def when(moment: datetime | str | None, now: datetime | None = None):
+    """A time shown one way everywhere: absolute in the user's time zone with the zone named,
+    and relative beside it. Takes a datetime or the ISO text a stored filter keeps."""
+    if isinstance(moment, str):
+        moment = parse_datetime(moment)
+    if moment is None:
+        return "—"
+    now = now or timezone.now()
+    exact = timezone.localtime(moment)
+    return format_html('<time datetime="{}">{} <span class="muted">({})</span></time>',
+                       moment.isoformat(), exact.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                       relative_words(moment - now))
+
+
+@register.filter
+def estimated_end(operation):
+    return operation.estimated_end(timezone.now())
 
 
 def relative_words(delta: timedelta) -> str:

@@ -69,6 +69,15 @@
     dialog.showModal();
   });
 
+  // The item list's select-all box selects the page, then offers every matching item.
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!box.matches || !box.matches("[data-select-page]")) { return; }
+    var list = box.closest("section") || document;
+    list.querySelectorAll('input[name="ids"]').forEach(function (row) { row.checked = box.checked; });
+    list.querySelectorAll("[data-select-more]").forEach(function (more) { more.hidden = !box.checked; });
+  });
+
   // What an action did, said in a status line for a few seconds (the server sends the words).
   var toastTimer = null;
   document.body.addEventListener("queueadmin:toast", function (event) {

@@ -1,0 +1,34 @@
+"""Error pages in the dashboard's look, with a way back, and never a traceback."""
+
+import pytest
+from django.test import RequestFactory
+from django.views import defaults
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_missing_item_answers_the_dashboards_404_page(role_client):
+    response = role_client("Viewer").get("/items/987654/")
+    html = response.content.decode()
+    assert response.status_code == 404
+    assert "Not found" in html and 'class="brand"' in html and "Back to the queues" in html
+
+
+def test_a_server_error_answers_the_dashboards_500_page_without_details():
+    response = defaults.server_error(RequestFactory().get("/queues/emails/"))
+    html = response.content.decode()
+    assert response.status_code == 500
+    assert "Something went wrong" in html and 'class="brand"' in html
+    assert "Traceback" not in html
+
+
+def test_filter_errors_name_fields_as_the_page_labels_them(role_client):
+    from tests.factories import QueueFactory
+
+    QueueFactory(key="emails")
+    response = role_client("Viewer").get("/queues/emails/", {
+        "period": "custom", "created_from": "2026-01-02T00:00", "created_to": "2026-01-01T00:00"})
+    html = response.content.decode()
+    assert response.status_code == 400
+    errors = html.split('class="message error" role="alert"')[1].split("</div>")[0]
+    assert "To: Must be after From." in errors and "created_to" not in errors
