@@ -200,3 +200,14 @@ def test_it_refuses_a_range_whose_clock_is_unclear(call, queue, extra, field):
     assert response.status_code == 422
     assert field in response.json()["error"]["fields"]
     assert not BulkOperation.objects.exists()
+
+
+def test_a_bulk_request_may_select_an_error_group(call, queue):
+    items = items_in_status(queue, "failed", 3)
+    for item, error in zip(items, ["TimeoutError: read 1 s", "TimeoutError: read 22 s",
+                                   "KeyError: 'x'"], strict=True):
+        Item.objects.filter(pk=item.pk).update(last_error=error)
+    preview = call("POST", "/queues/emails/bulk/preview", {
+        "kind": "retry", "statuses": ["failed"], "error_group": "TimeoutError: read <n> s",
+        **week()})
+    assert preview.json()["eligible"] == 2

@@ -285,6 +285,10 @@ def document(server: str = "/api/v1") -> dict:
                         "identifier_prefix": {"type": "string",
                                               "description": "Identifiers starting with it."},
                         "error_contains": {"type": "string"},
+                        "error_group": {"type": "string", "maxLength": 300,
+                                        "description": "An error group's message as the "
+                                        "errors page shows it: ids, numbers and quoted values "
+                                        "as <uuid>, <hex>, <n> and '…'."},
                         "reason": {"type": "string",
                                    "enum": ["", "permanent", "exhausted", "worker lost"]},
                         "ids": {"type": "array", "maxItems": 1000, "items": {"type": "integer"},

@@ -16,6 +16,7 @@ from queues.api import openapi as openapi_document
 from queues.api import strictjson
 from queues.conf import setting
 from queues.engine import bulk, counters, lifecycle, pausing, tokens
+from queues.engine.errors import MESSAGE_LIMIT
 from queues.models import (
     LIVE_STATUSES,
     MAX_ACCOUNT_LENGTH,
@@ -314,7 +315,7 @@ def queue_list(request):
 # --- bulk operations, dead letters, pause and resume ------------------------------------------
 
 BULK_FIELDS = {"kind", "statuses", "clock", "from", "to", "created_from", "created_to",
-               "account", "identifier_prefix", "error_contains", "reason", "ids"}
+               "account", "identifier_prefix", "error_contains", "error_group", "reason", "ids"}
 
 
 def _object(document, allowed: set[str]) -> dict:
@@ -380,13 +381,15 @@ def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
     account = _text(document, "account", fields)
     identifier_prefix = _text(document, "identifier_prefix", fields)
     error_contains = _text(document, "error_contains", fields)
+    error_group = _text(document, "error_group", fields, limit=MESSAGE_LIMIT)
     reason = _text(document, "reason", fields)
     if fields:
         raise _invalid(fields)
     try:
         return bulk.BulkFilter.build(queue, kind, statuses, start, end, account,
                                      error_contains, ids=ids, reason=reason, clock=clock,
-                                     identifier_prefix=identifier_prefix)
+                                     identifier_prefix=identifier_prefix,
+                                     error_group=error_group)
     except bulk.BulkError as exc:
         raise _invalid(exc.fields or {"body": exc.message}) from None
 

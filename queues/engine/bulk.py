@@ -29,6 +29,7 @@ from django_q.tasks import async_task
 
 from queues.conf import setting
 from queues.engine import audit, lifecycle
+from queues.engine.errors import group_pattern
 from queues.models import LIVE_STATUSES, BulkOperation, DeadLetter, Item, Queue, Status
 
 log = logging.getLogger(__name__)
@@ -124,12 +125,13 @@ class BulkFilter:
     # Which time created_from and created_to bound (a key of CLOCKS).
     clock: str = "enqueued"
     identifier_prefix: str = ""
+    error_group: str = ""  # a normalised error message (queues.engine.errors)
 
     @classmethod
     def build(cls, queue: Queue, kind: str, statuses, created_from: datetime,
               created_to: datetime, account: str = "", error_contains: str = "", *,
-              ids=(), reason: str = "", clock: str = "", identifier_prefix: str = ""
-              ) -> "BulkFilter":
+              ids=(), reason: str = "", clock: str = "", identifier_prefix: str = "",
+              error_group: str = "") -> "BulkFilter":
         """Checks what an operator asked for; raises BulkError naming each bad field. For
         dead-letter kinds the status is always failed. No clock means the kind's natural one."""
         fields = {}
@@ -158,7 +160,7 @@ class BulkFilter:
             raise BulkError("; ".join(f"{k} {v}" for k, v in fields.items()), fields)
         return cls(queue.pk, kind, statuses, created_from, created_to, account.strip(),
                    error_contains.strip(), ids=ids, reason=reason.strip(), clock=clock,
-                   identifier_prefix=identifier_prefix.strip())
+                   identifier_prefix=identifier_prefix.strip(), error_group=error_group.strip())
 
     def frozen(self, now: datetime) -> "BulkFilter":
         """The same filter over a fixed snapshot: what exists now, and nothing enqueued later."""
@@ -206,6 +208,8 @@ class BulkFilter:
                                  identifier__startswith=prefix)
         if self.error_contains:
             query = query.filter(last_error__icontains=self.error_contains)
+        if self.error_group:
+            query = query.filter(last_error__regex=group_pattern(self.error_group))
         return query
 
     def as_json(self) -> dict:

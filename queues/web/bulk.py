@@ -54,7 +54,7 @@ def bulk_page(request, key):
                     queue, data["kind"], data["status"], data["created_from"],
                     data["created_to"], data["account"], data["error"], ids=data["ids"],
                     reason=data["reason"], clock=data["clock"],
-                    identifier_prefix=data["identifier"])
+                    identifier_prefix=data["identifier"], error_group=data["group"])
             except bulk.BulkError as error:
                 context["error"], status = error.message, 422
             else:

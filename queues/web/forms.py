@@ -9,6 +9,7 @@ from django import forms
 from django.utils import timezone
 
 from queues.engine.bulk import KINDS, MAX_SELECTION, selection_range
+from queues.engine.errors import MESSAGE_LIMIT
 from queues.models import (
     FINISHED_STATUSES,
     MAX_ACCOUNT_LENGTH,
@@ -70,6 +71,7 @@ class ItemFilterForm(TimeRangeForm):
     identifier = forms.CharField(required=False, max_length=MAX_IDENTIFIER_LENGTH,
                                  label="Identifier starts with")
     error = forms.CharField(required=False, max_length=200, label="Error contains")
+    group = forms.CharField(required=False, max_length=MESSAGE_LIMIT, label="Error group")
     period = forms.ChoiceField(required=False, label="Time", choices=[
         ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
         ("custom", "From / to")])
@@ -107,7 +109,7 @@ class ItemFilterForm(TimeRangeForm):
             return None
         query = {"kind": kind, "preview": "1", "status": statuses, "clock": data["clock"],
                  "account": data.get("account", ""), "identifier": data.get("identifier", ""),
-                 "error": data.get("error", "")}
+                 "error": data.get("error", ""), "group": data.get("group", "")}
         period = data.get("period")
         if period in PERIODS:
             query["period"] = period
@@ -164,6 +166,7 @@ class BulkForm(TimeRangeForm):
     identifier = forms.CharField(required=False, max_length=MAX_IDENTIFIER_LENGTH,
                                  label="Identifier starts with")
     error = forms.CharField(required=False, max_length=200, label="Error contains")
+    group = forms.CharField(required=False, max_length=MESSAGE_LIMIT, label="Error group")
     reason = forms.ChoiceField(required=False, label="Dead-letter reason",
                                choices=DEAD_LETTER_REASONS)
 

@@ -5,7 +5,6 @@ lists walk an index by keyset, filtered totals stop counting at 10,001, and per-
 are read only for the accounts on the page.
 """
 
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -15,6 +14,7 @@ from django.db.models import Count, Min, Q
 
 from queues.engine import counters
 from queues.engine.bulk import CLOCKS, PREFIX_END
+from queues.engine.errors import group_pattern, normalise_error
 from queues.engine.lifecycle import retry_delay
 from queues.models import (
     IN_FLIGHT_STATUSES,
@@ -164,6 +164,8 @@ def filtered_items(queue: Queue, data: dict):
                              identifier__startswith=prefix)
     if data.get("error"):
         items = items.filter(last_error__icontains=data["error"])
+    if data.get("group"):
+        items = items.filter(last_error__regex=group_pattern(data["group"]))
     time_field = CLOCKS[data.get("clock") or "enqueued"]
     if data.get("created_from"):
         items = items.filter(**{f"{time_field}__gte": data["created_from"]})
@@ -209,8 +211,8 @@ def _total(queue: Queue, base, data: dict) -> tuple[int, bool]:
     """How many items match, and whether that is exact (a narrowed count stops past
     EXACT_COUNT_LIMIT)."""
     statuses = data.get("status") or list(Status.values)
-    narrowed = any(data.get(k) for k in ("account", "identifier", "error", "created_from",
-                                         "created_to"))
+    narrowed = any(data.get(k) for k in ("account", "identifier", "error", "group",
+                                         "created_from", "created_to"))
     if not narrowed:
         counts = counters.status_counts([queue.pk])[queue.pk]
         return sum(max(0, counts[s]) for s in statuses), True
@@ -327,32 +329,6 @@ class ErrorGroup:
     last_seen: datetime | None = None
     accounts: set = field(default_factory=set)
     sample_error: str = ""
-
-    @property
-    def search_text(self) -> str:
-        """The longest literal piece of the normalised message, to find its items with."""
-        pieces = re.split(r"<[a-z]+>|…", self.message)
-        return max(pieces, key=len).strip()[:100]
-
-
-_NORMALISERS = [
-    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
-    (re.compile(r"0x[0-9a-f]+|\b[0-9a-f]{16,}\b", re.I), "<hex>"),
-    (re.compile(r"'[^']*'|\"[^\"]*\""), "'…'"),
-    (re.compile(r"\d+(\.\d+)?"), "<n>"),
-]
-_KIND = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Timeout|Failure|Exit|Interrupt)|HTTP <n>)")
-
-
-def normalise_error(error: str) -> tuple[str, str]:
-    """(kind, message): the first line with ids, numbers and quoted values replaced, so that
-    the same failure on different items groups together."""
-    line = error.strip().splitlines()[0] if error.strip() else "(no message)"
-    message = line[:300]
-    for pattern, replacement in _NORMALISERS:
-        message = pattern.sub(replacement, message)
-    match = _KIND.match(message)
-    return (match.group(1) if match else "Error"), message
 
 
 def error_groups(queue: Queue) -> tuple[list[ErrorGroup], int]:

@@ -1,0 +1,56 @@
+"""Error groups: the same failure on different items, told apart from other failures.
+
+A group is an error's first line with ids, numbers and quoted values replaced by placeholders
+(`normalise_error`). `group_pattern` turns a group back into a regular expression over stored
+errors, so a list or a bulk operation can select exactly a group's items. The pattern is
+written for both databases: Python's `re` on SQLite and PostgreSQL's advanced regular
+expressions (no \\d and no \\b, whose meaning differs there).
+"""
+
+import re
+
+MESSAGE_LIMIT = 300
+_NORMALISERS = [
+    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
+    (re.compile(r"0x[0-9a-f]+|\b[0-9a-f]{16,}\b", re.I), "<hex>"),
+    (re.compile(r"'[^']*'|\"[^\"]*\""), "'…'"),
+    (re.compile(r"\d+(\.\d+)?"), "<n>"),
+]
+_KIND = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Timeout|Failure|Exit|Interrupt)|HTTP <n>)")
+# What each placeholder stood for, as a pattern both databases read the same way.
+_PLACEHOLDERS = {
+    "<uuid>": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "<hex>": "(?:0[xX][0-9a-fA-F]+|[0-9a-fA-F]{16,})",
+    "'…'": "(?:'[^']*'|\"[^\"]*\")",
+    "<n>": "[0-9]+(?:[.][0-9]+)?",
+}
+_PLACEHOLDER = re.compile("|".join(re.escape(p) for p in _PLACEHOLDERS))
+
+
+def normalise_error(error: str) -> tuple[str, str]:
+    """(kind, message): the first line with ids, numbers and quoted values replaced, so that
+    the same failure on different items groups together."""
+    line = error.strip().splitlines()[0] if error.strip() else "(no message)"
+    message = line[:MESSAGE_LIMIT]
+    for pattern, replacement in _NORMALISERS:
+        message = pattern.sub(replacement, message)
+    match = _KIND.match(message)
+    return (match.group(1) if match else "Error"), message
+
+
+def group_pattern(message: str) -> str:
+    """A regular expression matching the stored errors whose group is `message`: from the
+    start of the error (leading blanks allowed), up to the end of its first line."""
+    parts, end = [], 0
+    for placeholder in _PLACEHOLDER.finditer(message):
+        parts.append(_literal(message[end:placeholder.start()]))
+        parts.append(_PLACEHOLDERS[placeholder.group()])
+        end = placeholder.end()
+    parts.append(_literal(message[end:]))
+    return "^[ \t\r\n]*" + "".join(parts)
+
+
+def _literal(text: str) -> str:
+    # Every character not a letter, digit or space goes in brackets: the same in both dialects.
+    return "".join(c if c.isalnum() or c == " " else "[" + ("\\" + c if c in "\\[]^" else c)
+                   + "]" for c in text)
