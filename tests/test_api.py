@@ -104,6 +104,14 @@ def test_a_delayed_item_reports_its_next_run(post):
     body = post(item(run_at=run_at.isoformat())).json()
     assert body["delayed"] is True
     assert body["next_run_at"] == run_at.isoformat().replace("+00:00", "Z")
+    assert body["next_run_reason"] == "scheduled"
+
+
+def test_an_overdue_item_says_why_it_has_not_run(post, client, secret):
+    body = post(item("late")).json()
+    Item.objects.filter(pk=body["id"]).update(run_at=timezone.now() - timedelta(minutes=11))
+    read = client.get(f"/api/v1/items/{body['id']}", HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert (read.json()["next_run_reason"], read.json()["delayed"]) == ("backlog ahead", False)
 
 
 def test_run_at_accepts_a_z_suffix_and_other_offsets(post):

@@ -1,5 +1,6 @@
 """Item browser `/queues/<key>/`: filters in the URL, keyset pages, counts, retry estimates."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -141,7 +142,9 @@ def test_query_count_is_constant(role_client, queue, django_assert_max_num_queri
     items_in_status(queue, "retry", 20)
     client = role_client("Viewer")
     client.get("/queues/emails/")
-    with django_assert_max_num_queries(7):
+    # Overdue, so that the estimate also reads the global pause and the queue's in-flight count.
+    Item.objects.update(run_at=timezone.now() - timedelta(minutes=5))
+    with django_assert_max_num_queries(9):
         client.get("/queues/emails/?status=retry&status=failed&period=24h")
 
 
@@ -205,3 +208,21 @@ def test_totals_of_a_thousand_and_more_read_as_plural(role_client, queue, monkey
     enqueued(queue, 200, prefix="b")
     response = role_client("Viewer").get("/queues/emails/")
     assert "1,200 items" in response.content.decode()
+
+
+def test_every_page_gives_an_overdue_item_the_same_estimate_and_reason(role_client, queue):
+    [item] = items_in_status(queue, "retry", 1, prefix="late")
+    Item.objects.filter(pk=item.pk).update(run_at=timezone.now() - timedelta(minutes=11))
+    client = role_client("Viewer")
+    listing = client.get("/queues/emails/").content.decode()
+    detail = client.get(f"/items/{item.pk}/").content.decode()
+    for html in (listing, detail):
+        assert re.search(r">overdue 1[01] min</time> · backlog ahead", html)
+
+
+def test_a_held_item_says_what_holds_it(role_client, queue):
+    items_in_status(queue, "queued", 1, prefix="held")
+    queue.paused = True
+    queue.save()
+    html = role_client("Viewer").get("/queues/emails/").content.decode()
+    assert "held: queue paused" in html

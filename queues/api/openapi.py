@@ -6,6 +6,7 @@ receive validates against the schema described for its status.
 
 
 from queues.conf import DEFAULTS, setting
+from queues.engine.forecast import REASONS
 from queues.engine.lifecycle import BATCH_LIMIT, PRIORITY_RANGE
 from queues.models import MAX_ACCOUNT_LENGTH, MAX_IDENTIFIER_LENGTH, Status
 
@@ -81,8 +82,8 @@ def document(server: str = "/api/v1") -> dict:
     item = {
         "type": "object",
         "required": ["id", "queue", "account", "identifier", "status", "priority", "payload",
-                     "attempts", "retries_left", "last_error", "next_run_at", "delayed",
-                     "run_at", "created_at", "updated_at", "dispatched_at", "started_at",
+                     "attempts", "retries_left", "last_error", "next_run_at", "next_run_reason",
+                     "delayed", "run_at", "created_at", "updated_at", "dispatched_at", "started_at",
                      "finished_at"],
         "properties": {
             "id": {"type": "integer"},
@@ -104,6 +105,12 @@ def document(server: str = "/api/v1") -> dict:
             "next_run_at": {**NULLABLE_DATE_TIME,
                             "description": "Estimated next run for waiting items (queued or "
                                            "retry): the retry time or a delayed start."},
+            "next_run_reason": {
+                "type": ["string", "null"], "enum": [*REASONS, None],
+                "description": "For waiting items: `scheduled` (next_run_at is ahead), `due` "
+                "(just reached), or why it has not run although due: `backlog ahead`, `queue "
+                "full`; or what holds it whatever the time: `every queue paused`, `queue "
+                "paused`, `account paused`, `account at cap`."},
             "delayed": {"type": "boolean"},
             "run_at": DATE_TIME,
             "created_at": DATE_TIME,

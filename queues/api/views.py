@@ -15,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 from queues.api import openapi as openapi_document
 from queues.api import strictjson
 from queues.conf import setting
-from queues.engine import bulk, counters, lifecycle, pausing, tokens
+from queues.engine import bulk, counters, forecast, lifecycle, pausing, tokens
 from queues.engine.errors import MESSAGE_LIMIT
 from queues.models import (
     LIVE_STATUSES,
@@ -222,8 +222,12 @@ def _retries_left(item: Item, queue: Queue) -> int | None:
     return max(0, queue.max_retries - max(0, item.attempts - 1))
 
 
-def item_json(item: Item, queue: Queue, now: datetime) -> dict:
+def item_json(item: Item, queue: Queue, now: datetime, next_runs: dict | None = None) -> dict:
+    """`next_runs` (queues.engine.forecast) is computed once for a batch of items."""
     waiting = item.status in (Status.QUEUED, Status.RETRY)
+    if next_runs is None:
+        next_runs = forecast.next_runs(queue, [item], now)
+    next_run = next_runs.get(item.pk)
     return {
         "id": item.pk,
         "queue": queue.key,
@@ -235,8 +239,10 @@ def item_json(item: Item, queue: Queue, now: datetime) -> dict:
         "attempts": item.attempts,
         "retries_left": _retries_left(item, queue),
         "last_error": item.last_error or None,
-        # When the selector may next pick the item: its retry time, or a delayed start.
+        # When the selector may next pick the item: its retry time, or a delayed start; and
+        # why it has not run yet if that time is past (queues.engine.forecast).
         "next_run_at": _time(item.run_at) if waiting else None,
+        "next_run_reason": next_run.reason if next_run else None,
         "delayed": waiting and item.run_at > now,
         "run_at": _time(item.run_at),
         "created_at": _time(item.created_at),
@@ -272,10 +278,12 @@ def enqueue(request, key):
     if not batch:
         return json_response({**item_json(saved[0], queue, now), "created": saved[0].created},
                             status=status)
+    runs = forecast.next_runs(queue, saved, now)
     return json_response({
         "created": created,
         "existing": len(saved) - created,
-        "items": [{**item_json(item, queue, now), "created": item.created} for item in saved],
+        "items": [{**item_json(item, queue, now, runs), "created": item.created}
+                  for item in saved],
     }, status=status)
 
 

@@ -9,6 +9,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
 
+from queues.engine import forecast
 from queues.models import Status
 
 register = template.Library()
@@ -41,6 +42,25 @@ def when(moment: datetime | str | None, now: datetime | None = None):
     return format_html('<time datetime="{}">{} <span class="muted">({})</span></time>',
                        moment.isoformat(), exact.strftime("%Y-%m-%d %H:%M:%S %Z"),
                        relative_words(moment - now))
+
+
+@register.simple_tag
+def next_run(run, now: datetime | None = None):
+    """A waiting item's estimate (queues.engine.forecast), the same words on every page."""
+    if not run:  # not waiting (get_item gives "" for items without an estimate)
+        return ""
+    now = now or timezone.now()
+    exact = timezone.localtime(run.at).strftime("%Y-%m-%d %H:%M:%S %Z")
+    if run.held:
+        return format_html('<span class="badge badge-hold">held: {}</span>', run.reason)
+    if run.reason == forecast.SCHEDULED:
+        return relative(run.at, now)
+    if run.reason == forecast.DUE:
+        return format_html('<time datetime="{}" title="{}">due now</time>', run.at.isoformat(),
+                           exact)
+    return format_html('<time datetime="{}" title="{}">overdue {}</time> · {}',
+                       run.at.isoformat(), exact, duration_words((now - run.at).total_seconds()),
+                       run.reason)
 
 
 @register.filter

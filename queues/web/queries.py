@@ -12,9 +12,10 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection
 from django.db.models import Count, Min, Q
 
-from queues.engine import counters
+from queues.engine import counters, forecast
 from queues.engine.bulk import CLOCKS, PREFIX_END
 from queues.engine.errors import group_pattern, normalise_error
+from queues.engine.forecast import NextRun
 from queues.engine.lifecycle import retry_delay
 from queues.models import (
     IN_FLIGHT_STATUSES,
@@ -150,7 +151,7 @@ class ItemPage:
     next_cursor: str
     total: str  # "1,234" or "10,000+"
     total_count: int  # the number behind it, for plurals
-    holds: dict[int, str]  # item id -> what holds it back instead of its retry time
+    next_runs: dict[int, NextRun]  # waiting items: when they run, or what holds them
 
 
 def filtered_items(queue: Queue, data: dict):
@@ -190,7 +191,7 @@ def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
     total, exact = _total(queue, base, data)
     return ItemPage(items=items, next_cursor=next_cursor,
                     total=f"{total:,}" if exact else f"{total:,}+", total_count=total,
-                    holds=_holds(queue, items, now))
+                    next_runs=forecast.next_runs(queue, items, now))
 
 
 def newest_first(items, statuses: list[str], limit: int) -> list[Item]:
@@ -227,33 +228,6 @@ def _micros(moment: datetime) -> int:
     return (moment - EPOCH) // timedelta(microseconds=1)
 
 
-def _holds(queue: Queue, items: list[Item], now: datetime) -> dict[int, str]:
-    """What keeps a waiting item from running at its time: a paused queue, a paused account
-    or one at its in-flight cap."""
-    waiting = [i for i in items if i.status in READY_STATUSES]
-    if not waiting:
-        return {}
-    if queue.paused:
-        return {i.pk: "queue paused" for i in waiting}
-    reasons = account_holds(queue, {i.account for i in waiting})
-    return {i.pk: reasons[i.account] for i in waiting if i.account in reasons}
-
-
-def account_holds(queue: Queue, accounts) -> dict[str, str]:
-    policies = list(AccountPolicy.objects.filter(queue=queue, account__in=list(accounts)))
-    reasons = {p.account: "account paused" for p in policies if p.paused}
-    capped = {p.account: p.max_in_flight for p in policies
-              if p.max_in_flight is not None and not p.paused}
-    if capped:
-        in_flight = dict(
-            Item.objects.filter(queue=queue, account__in=list(capped),
-                                status__in=IN_FLIGHT_STATUSES)
-            .values("account").annotate(n=Count("id")).values_list("account", "n"))
-        reasons |= {a: "account at cap" for a, cap in capped.items()
-                    if in_flight.get(a, 0) >= cap}
-    return reasons
-
-
 def parse_cursor(raw: str) -> tuple[datetime, int] | None:
     micros, sep, pk = raw.partition("-")
     if not (sep and micros.isdigit() and pk.isdigit()):
@@ -273,8 +247,7 @@ class ItemDetail:
     events: list[ItemEvent]
     attempts: list[Attempt]
     dead_letters: list[DeadLetter]
-    hold: str
-    next_run: datetime | None
+    next_run: NextRun | None
     dead_letter_at: datetime | None  # if every remaining attempt fails
 
 
@@ -286,20 +259,18 @@ def item_detail(item: Item, now: datetime) -> ItemDetail:
     events = list(item.events.order_by("id")[:EVENT_LIMIT])
     attempts = list(item.attempt_set.order_by("number"))
     letters = list(item.dead_letters.order_by("created_at"))
-    hold, next_run, dead_at = "", None, None
+    next_run, dead_at = None, None
     if item.status in READY_STATUSES:
-        hold = "queue paused" if queue.paused else account_holds(queue, [item.account]).get(
-            item.account, "")
+        next_run = forecast.next_run(item, now)
         # run_at already holds a delay the handler asked for; only the later retries follow
         # the queue's backoff.
-        next_run = max(item.run_at, now)
-        dead_at = dead_letter_estimate(queue, item.attempts, next_run)
+        dead_at = dead_letter_estimate(queue, item.attempts, max(item.run_at, now))
     elif item.status in IN_FLIGHT_STATUSES:
         # Attempt number `attempts` is under way (dispatch counts it): were it to fail now,
         # the backoff after it applies.
         dead_at = dead_letter_estimate(queue, item.attempts - 1, now)
     return ItemDetail(item=item, events=events, attempts=attempts, dead_letters=letters,
-                      hold=hold, next_run=next_run, dead_letter_at=dead_at)
+                      next_run=next_run, dead_letter_at=dead_at)
 
 
 def dead_letter_estimate(queue: Queue, attempts_done: int, next_run: datetime) -> datetime:
