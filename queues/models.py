@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
@@ -211,6 +212,9 @@ class Item(models.Model):
             ),
             # Accounts view and per-account in-flight counts.
             models.Index(fields=["queue", "account", "status"], name="item_account_idx"),
+            # Find by payload field (queues.engine.payloads): `payload @> {...}` on PostgreSQL.
+            # Built concurrently by migration 0011, and only there.
+            GinIndex(fields=["payload"], opclasses=["jsonb_path_ops"], name="item_payload_gin"),
         ]
 
     def __str__(self):

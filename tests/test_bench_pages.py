@@ -17,6 +17,7 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     monkeypatch.setattr(queries, "PAGE_SIZE", 2)
     report = bench.run_pages(queue_key="bench-pages", requests=2, log=lambda _: None)
     names = [name for name, _, _ in report.figures]
-    assert len(names) == 21
+    assert len(names) == 24
     assert "50 pages deep (keyset) p95" in names and "errors view SQL queries" in names
+    assert "payload field (order = n) p95" in names
     assert all(value > 0 for _, value, _ in report.figures)

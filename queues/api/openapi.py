@@ -296,6 +296,10 @@ def document(server: str = "/api/v1") -> dict:
                                         "description": "An error group's message as the "
                                         "errors page shows it: ids, numbers and quoted values "
                                         "as <uuid>, <hex>, <n> and '…'."},
+                        "payload_filter": {"type": "string", "maxLength": 300,
+                                           "description": "A payload field: `path = value` "
+                                           "(`customer.id = 42`); the value reads as JSON, "
+                                           "else as text."},
                         "reason": {"type": "string",
                                    "enum": ["", "permanent", "exhausted", "worker lost"]},
                         "ids": {"type": "array", "maxItems": 1000, "items": {"type": "integer"},

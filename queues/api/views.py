@@ -323,7 +323,8 @@ def queue_list(request):
 # --- bulk operations, dead letters, pause and resume ------------------------------------------
 
 BULK_FIELDS = {"kind", "statuses", "clock", "from", "to", "created_from", "created_to",
-               "account", "identifier_prefix", "error_contains", "error_group", "reason", "ids"}
+               "account", "identifier_prefix", "error_contains", "error_group", "payload_filter",
+               "reason", "ids"}
 
 
 def _object(document, allowed: set[str]) -> dict:
@@ -390,6 +391,7 @@ def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
     identifier_prefix = _text(document, "identifier_prefix", fields)
     error_contains = _text(document, "error_contains", fields)
     error_group = _text(document, "error_group", fields, limit=MESSAGE_LIMIT)
+    payload_filter = _text(document, "payload_filter", fields, limit=300)
     reason = _text(document, "reason", fields)
     if fields:
         raise _invalid(fields)
@@ -397,7 +399,7 @@ def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
         return bulk.BulkFilter.build(queue, kind, statuses, start, end, account,
                                      error_contains, ids=ids, reason=reason, clock=clock,
                                      identifier_prefix=identifier_prefix,
-                                     error_group=error_group)
+                                     error_group=error_group, payload=payload_filter)
     except bulk.BulkError as exc:
         raise _invalid(exc.fields or {"body": exc.message}) from None
 

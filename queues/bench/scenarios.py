@@ -462,12 +462,15 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
     deep = f"{queries._micros(data['cursor'][0])}-{data['cursor'][1]}"
     failed = (Item.objects.filter(queue=queue, status="failed").order_by("-created_at", "-id")
               .values_list("pk", flat=True).first())
+    order = (Item.objects.filter(queue=queue, status="failed").order_by("-created_at", "-id")
+             .values_list("payload__order", flat=True).first())
     base = f"/queues/{queue.key}/"
     pages = {
         "overview": "/",
         "item browser, first page": base,
         "filtered (failed, last 24 h)": f"{base}?status=failed&period=24h",
         "50 pages deep (keyset)": f"{base}?before={deep}",
+        "payload field (order = n)": f"{base}?payload=order+%3D+{order}",
         "item detail (failed item)": f"/items/{failed}/",
         "errors view": f"{base}errors/",
         "accounts view": f"{base}accounts/",

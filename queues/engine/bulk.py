@@ -28,7 +28,7 @@ from django.utils.dateparse import parse_datetime
 from django_q.tasks import async_task
 
 from queues.conf import setting
-from queues.engine import audit, lifecycle
+from queues.engine import audit, lifecycle, payloads
 from queues.engine.errors import group_pattern
 from queues.models import LIVE_STATUSES, BulkOperation, DeadLetter, Item, Queue, Status
 
@@ -126,12 +126,13 @@ class BulkFilter:
     clock: str = "enqueued"
     identifier_prefix: str = ""
     error_group: str = ""  # a normalised error message (queues.engine.errors)
+    payload: str = ""  # a payload field condition, "path = value" (queues.engine.payloads)
 
     @classmethod
     def build(cls, queue: Queue, kind: str, statuses, created_from: datetime,
               created_to: datetime, account: str = "", error_contains: str = "", *,
               ids=(), reason: str = "", clock: str = "", identifier_prefix: str = "",
-              error_group: str = "") -> "BulkFilter":
+              error_group: str = "", payload: str = "") -> "BulkFilter":
         """Checks what an operator asked for; raises BulkError naming each bad field. For
         dead-letter kinds the status is always failed. No clock means the kind's natural one."""
         fields = {}
@@ -143,6 +144,11 @@ class BulkFilter:
                 statuses = [Status.FAILED]
         if clock not in CLOCKS:
             fields["clock"] = f"must be one of {', '.join(CLOCKS)}"
+        if payload.strip():
+            try:
+                payload = payloads.parse(payload).text
+            except payloads.PayloadFilterError as error:
+                fields["payload"] = str(error)
         ids = tuple(sorted(set(ids)))
         if len(ids) > MAX_SELECTION:
             fields["ids"] = f"select at most {MAX_SELECTION} items"
@@ -160,7 +166,8 @@ class BulkFilter:
             raise BulkError("; ".join(f"{k} {v}" for k, v in fields.items()), fields)
         return cls(queue.pk, kind, statuses, created_from, created_to, account.strip(),
                    error_contains.strip(), ids=ids, reason=reason.strip(), clock=clock,
-                   identifier_prefix=identifier_prefix.strip(), error_group=error_group.strip())
+                   identifier_prefix=identifier_prefix.strip(), error_group=error_group.strip(),
+                   payload=payload.strip())
 
     def frozen(self, now: datetime) -> "BulkFilter":
         """The same filter over a fixed snapshot: what exists now, and nothing enqueued later."""
@@ -210,6 +217,8 @@ class BulkFilter:
             query = query.filter(last_error__icontains=self.error_contains)
         if self.error_group:
             query = query.filter(last_error__regex=group_pattern(self.error_group))
+        if self.payload:
+            query = payloads.parse(self.payload).apply(query)
         return query
 
     def as_json(self) -> dict:

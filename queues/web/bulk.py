@@ -54,7 +54,8 @@ def bulk_page(request, key):
                     queue, data["kind"], data["status"], data["created_from"],
                     data["created_to"], data["account"], data["error"], ids=data["ids"],
                     reason=data["reason"], clock=data["clock"],
-                    identifier_prefix=data["identifier"], error_group=data["group"])
+                    identifier_prefix=data["identifier"], error_group=data["group"],
+                    payload=data["payload"].text if data["payload"] else "")
             except bulk.BulkError as error:
                 context["error"], status = error.message, 422
             else:

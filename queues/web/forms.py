@@ -8,8 +8,10 @@ from urllib.parse import urlencode
 from django import forms
 from django.utils import timezone
 
+from queues.engine import payloads
 from queues.engine.bulk import KINDS, MAX_SELECTION, selection_range
 from queues.engine.errors import MESSAGE_LIMIT
+from queues.engine.payloads import PayloadCondition
 from queues.models import (
     FINISHED_STATUSES,
     MAX_ACCOUNT_LENGTH,
@@ -56,6 +58,15 @@ class QueueFilterForm(forms.Form):
         ("", "All queues"), ("alerting", "With alerts"), ("paused", "Paused")], label="Show")
 
 
+def clean_payload_field(text: str) -> PayloadCondition | None:
+    if not text.strip():
+        return None
+    try:
+        return payloads.parse(text)
+    except payloads.PayloadFilterError as error:
+        raise forms.ValidationError(str(error).capitalize() + ".") from None
+
+
 def natural_list_clock(statuses) -> str:
     """A list of ended items ranges over when they ended; any other list over when its items
     were enqueued (the time every item has)."""
@@ -72,12 +83,17 @@ class ItemFilterForm(TimeRangeForm):
                                  label="Identifier starts with")
     error = forms.CharField(required=False, max_length=200, label="Error contains")
     group = forms.CharField(required=False, max_length=MESSAGE_LIMIT, label="Error group")
+    payload = forms.CharField(required=False, max_length=300, label="Payload field",
+                              help_text="path = value, e.g. customer.id = 42")
     period = forms.ChoiceField(required=False, label="Time", choices=[
         ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
         ("custom", "From / to")])
     clock = forms.ChoiceField(required=False, label="Range over", choices=[
         ("", "Finished for ended items, else enqueued"), *CLOCK_CHOICES])
     before = forms.CharField(required=False, max_length=60, widget=forms.HiddenInput)
+
+    def clean_payload(self):
+        return clean_payload_field(self.cleaned_data["payload"])
 
     def clean_before(self):
         raw = self.cleaned_data["before"]
@@ -109,7 +125,8 @@ class ItemFilterForm(TimeRangeForm):
             return None
         query = {"kind": kind, "preview": "1", "status": statuses, "clock": data["clock"],
                  "account": data.get("account", ""), "identifier": data.get("identifier", ""),
-                 "error": data.get("error", ""), "group": data.get("group", "")}
+                 "error": data.get("error", ""), "group": data.get("group", ""),
+                 "payload": data["payload"].text if data.get("payload") else ""}
         period = data.get("period")
         if period in PERIODS:
             query["period"] = period
@@ -167,8 +184,13 @@ class BulkForm(TimeRangeForm):
                                  label="Identifier starts with")
     error = forms.CharField(required=False, max_length=200, label="Error contains")
     group = forms.CharField(required=False, max_length=MESSAGE_LIMIT, label="Error group")
+    payload = forms.CharField(required=False, max_length=300, label="Payload field",
+                              help_text="path = value, e.g. customer.id = 42")
     reason = forms.ChoiceField(required=False, label="Dead-letter reason",
                                choices=DEAD_LETTER_REASONS)
+
+    def clean_payload(self):
+        return clean_payload_field(self.cleaned_data["payload"])
 
     def clean(self):
         data = super().clean()

@@ -167,6 +167,8 @@ def filtered_items(queue: Queue, data: dict):
         items = items.filter(last_error__icontains=data["error"])
     if data.get("group"):
         items = items.filter(last_error__regex=group_pattern(data["group"]))
+    if data.get("payload"):
+        items = data["payload"].apply(items)
     time_field = CLOCKS[data.get("clock") or "enqueued"]
     if data.get("created_from"):
         items = items.filter(**{f"{time_field}__gte": data["created_from"]})
@@ -212,7 +214,7 @@ def _total(queue: Queue, base, data: dict) -> tuple[int, bool]:
     """How many items match, and whether that is exact (a narrowed count stops past
     EXACT_COUNT_LIMIT)."""
     statuses = data.get("status") or list(Status.values)
-    narrowed = any(data.get(k) for k in ("account", "identifier", "error", "group",
+    narrowed = any(data.get(k) for k in ("account", "identifier", "error", "group", "payload",
                                          "created_from", "created_to"))
     if not narrowed:
         counts = counters.status_counts([queue.pk])[queue.pk]

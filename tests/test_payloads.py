@@ -1,0 +1,79 @@
+"""Finding items by a payload field: `customer.id = 42`, the same items on both databases."""
+
+import pytest
+from django.utils import timezone
+
+from queues import enqueue_many
+from queues.engine import bulk, payloads
+from queues.models import Item
+from tests.factories import QueueFactory
+
+pytestmark = pytest.mark.django_db
+PAYLOADS = {
+    "n-42": {"order": 42, "customer": {"id": 7}},
+    "s-42": {"order": "42", "customer": {"id": 8}},
+    "n-43": {"order": 43, "customer": {"id": 7}, "contains": "x"},
+    "null": {"order": None},
+    "none": {},
+    "text": {"note": "call back tomorrow"},
+}
+
+
+@pytest.fixture
+def queue():
+    queue = QueueFactory(key="orders")
+    enqueue_many("orders", [{"account": "acme", "identifier": name, "payload": payload}
+                            for name, payload in PAYLOADS.items()])
+    return queue
+
+
+def matching(text):
+    condition = payloads.parse(text)
+    return set(condition.apply(Item.objects.all()).values_list("identifier", flat=True))
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("order = 42", {"n-42"}),
+    ('order = "42"', {"s-42"}),
+    ("customer.id = 7", {"n-42", "n-43"}),
+    ("order = null", {"null"}),
+    ("note = call back tomorrow", {"text"}),
+    ("contains = x", {"n-43"}),  # a key named like a lookup stays a key
+    ("missing = 1", set()),
+])
+def test_a_payload_field_selects_the_same_items_on_either_database(queue, text, expected):
+    assert matching(text) == expected
+
+
+@pytest.mark.parametrize("text", ["order", "a..b = 1", "a b = 1", "order = [1, 2]",
+                                  "x = {\"a\": 1}", ".".join("k" * 9) + " = 1"])
+def test_it_refuses_what_it_cannot_express(text):
+    with pytest.raises(payloads.PayloadFilterError):
+        payloads.parse(text)
+
+
+def test_the_item_list_filters_by_payload_and_says_what_is_wrong(role_client, queue):
+    client = role_client("Viewer")
+    listing = client.get("/queues/orders/", {"payload": "customer.id = 7"})
+    assert {i.identifier for i in listing.context["page"].items} == {"n-42", "n-43"}
+    assert listing.context["page"].total == "2"
+    refused = client.get("/queues/orders/", {"payload": "customer id"})
+    assert refused.status_code == 400
+    assert "Payload field: Write a payload field as path = value" in refused.content.decode()
+
+
+def test_a_bulk_cancel_carries_the_payload_field(role_client, queue):
+    client = role_client("Operator")
+    listing = client.get("/queues/orders/", {"payload": "customer.id = 7"})
+    preview = client.get(f"/queues/orders/bulk/?{listing.context['cancel_query']}"
+                         ).context["preview"]
+    assert (preview.matching, preview.eligible, preview.filter.payload) == (
+        2, 2, "customer.id = 7")
+    assert {i.identifier for i in preview.sample} == {"n-42", "n-43"}
+
+
+def test_a_bulk_filter_refuses_a_bad_payload_field(queue):
+    with pytest.raises(bulk.BulkError) as refused:
+        bulk.BulkFilter.build(queue, "cancel", ["queued"],
+                              *bulk.selection_range(timezone.now()), payload="nope")
+    assert "payload" in refused.value.fields
