@@ -179,6 +179,20 @@ def test_the_dead_letters_page_filters_and_offers_replay_and_purge(role_client, 
     assert "Replay all matching" not in viewer_html and 'form="selection-form"' not in viewer_html
 
 
+def test_dead_letters_show_their_total_and_replay_what_the_list_shows(role_client, queue):
+    items_in_status(queue, "failed", 3)
+    QueueFactory(key="other")
+    client = role_client("Operator")
+    response = client.get("/dead-letters/", {"queue": "emails"})
+    html = response.content.decode()
+    assert "3 open dead letters on emails" in html
+    assert '<option value="other">other</option>' in html  # a queue picker, not a text field
+    link = re.search(r'href="([^"]*kind=replay[^"]*)"', html).group(1).replace("&amp;", "&")
+    assert "period=all" in link  # "Any time" stays any time
+    preview = client.get(link).context["preview"]
+    assert preview.eligible == 3
+
+
 def test_a_running_operation_shows_its_percentage_and_estimated_end(role_client, queue):
     from datetime import timedelta
 

@@ -92,3 +92,15 @@ def test_hostile_queue_names_are_escaped(role_client):
     QueueFactory(key="evil", name="<script>alert(1)</script>")
     content = role_client("Viewer").get("/").content.decode()
     assert "<script>alert(1)" not in content and "&lt;script&gt;" in content
+
+
+def test_the_overview_sorts_the_busiest_or_most_troubled_queue_first(role_client):
+    for key, failed in (("a-quiet", 0), ("b-broken", 3), ("c-some", 1)):
+        queue = QueueFactory(key=key)
+        if failed:
+            items_in_status(queue, "failed", failed)
+    client = role_client("Viewer")
+    keys = [s.queue.key for s in client.get("/", {"sort": "dead"}).context["summaries"]]
+    assert keys == ["b-broken", "c-some", "a-quiet"]
+    assert [s.queue.key for s in client.get("/").context["summaries"]] == [
+        "a-quiet", "b-broken", "c-some"]

@@ -56,6 +56,10 @@ class QueueFilterForm(forms.Form):
     q = forms.CharField(required=False, max_length=100, label="Find a queue")
     show = forms.ChoiceField(required=False, choices=[
         ("", "All queues"), ("alerting", "With alerts"), ("paused", "Paused")], label="Show")
+    sort = forms.ChoiceField(required=False, label="Sort by", choices=[
+        ("", "Key"), ("queued", "Most queued"), ("retry", "Most retrying"),
+        ("dead", "Most dead letters"), ("failing", "Most failures, last hour"),
+        ("waiting", "Longest waiting")])
 
 
 def clean_payload_field(text: str) -> PayloadCondition | None:
@@ -241,8 +245,13 @@ class BulkConfirmForm(forms.Form):
     expected = forms.IntegerField(widget=forms.HiddenInput, min_value=0)
 
 
+def _queue_choices():
+    return [("", "Every queue"), *((key, key) for key in
+                                   Queue.objects.order_by("key").values_list("key", flat=True))]
+
+
 class DeadLetterFilterForm(forms.Form):
-    queue = forms.CharField(required=False, max_length=64, label="Queue key")
+    queue = forms.ChoiceField(required=False, choices=_queue_choices, label="Queue")
     account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
     reason = forms.ChoiceField(required=False, choices=DEAD_LETTER_REASONS)
     period = forms.ChoiceField(required=False, label="Failed", choices=[

@@ -56,6 +56,8 @@ def overview(request):
     summaries = queries.queue_summaries(list(queues.order_by("key")), now)
     if data.get("show") == "alerting":
         summaries = [s for s in summaries if s.alerts]
+    if data.get("sort"):
+        summaries.sort(key=queries.SUMMARY_ORDERS[data["sort"]])
     return _page_or_fragment(request, "queues/overview.html", "queues/_queue_table.html",
                              {"form": form, "summaries": summaries, "now": now,
                               "global_pause": pausing.global_pause()})
@@ -215,11 +217,14 @@ def dead_letters(request):
         letters = letters.filter(reason=data["reason"])
     if data.get("period"):
         letters = letters.filter(created_at__gte=timezone.now() - PERIODS[data["period"]])
+    total = letters.values("id")[:queries.EXACT_COUNT_LIMIT + 1].count()
     if data.get("before"):
         letters = letters.filter(id__lt=data["before"])
     page = list(letters.order_by("-id")[:LIST_SIZE + 1])
     return render_page(request, "queues/dead_letters.html", {
         "letters": page[:LIST_SIZE], "form": form, "now": timezone.now(), "queue": queue,
+        "total": min(total, queries.EXACT_COUNT_LIMIT),
+        "total_exact": total <= queries.EXACT_COUNT_LIMIT,
         "next_before": page[LIST_SIZE - 1].pk if len(page) > LIST_SIZE else None})
 
 

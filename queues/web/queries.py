@@ -68,6 +68,16 @@ class QueueSummary:
         return sum(self.failed)
 
 
+# Overview orders: the busiest or most troubled queue first; ties keep the key order.
+SUMMARY_ORDERS = {
+    "queued": lambda s: -s.counts[Status.QUEUED],
+    "retry": lambda s: -s.counts[Status.RETRY],
+    "dead": lambda s: -s.dead_letters,
+    "failing": lambda s: -sum(s.failed),
+    "waiting": lambda s: s.oldest_waiting or datetime.max.replace(tzinfo=UTC),
+}
+
+
 def queue_summaries(queues: list[Queue], now: datetime) -> list[QueueSummary]:
     ids = [q.pk for q in queues]
     if not ids:
