@@ -147,3 +147,20 @@ def test_user_and_role_edits_in_the_admin_site_are_audited(role_client):
     entries = list(AuditEntry.objects.order_by("id").values_list("action", "target"))
     assert entries == [("admin.add", "group:Auditors"), ("admin.add", "user:newbie"),
                        ("admin.password", "user:newbie")]
+
+
+def test_targets_link_to_what_they_name_and_filters_read_as_words(role_client):
+    from queues.engine import bulk
+
+    queue = QueueFactory(key="emails")
+    now = timezone.now()
+    bulk_filter = bulk.BulkFilter.build(queue, "retry", ["failed"], now - timedelta(days=1), now,
+                                        account="acme", payload="customer.id = 42")
+    audit.record("ada", "bulk.retry", queue_key="emails", target="bulk operation 7",
+                 filter=bulk_filter.as_json())
+    entry(target="item 12 (inv-12)")
+    html = role_client("Viewer").get("/audit/").content.decode()
+    assert '<a href="/items/12/">item 12 (inv-12)</a>' in html
+    assert '<a href="/queues/emails/bulk/7/">bulk operation 7</a>' in html
+    assert "<li>range over: finished</li>" in html and "<li>account: acme</li>" in html
+    assert "<li>payload field: customer.id = 42</li>" in html and '"statuses"' not in html

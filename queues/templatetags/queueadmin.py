@@ -2,9 +2,11 @@
 hostile strings it carries (identifiers, errors, payloads) are escaped."""
 
 import json
+import re
 from datetime import datetime, timedelta
 
 from django import template
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
@@ -61,6 +63,51 @@ def next_run(run, now: datetime | None = None):
     return format_html('<time datetime="{}" title="{}">overdue {}</time> · {}',
                        run.at.isoformat(), exact, duration_words((now - run.at).total_seconds()),
                        run.reason)
+
+
+TARGET_ITEM = re.compile(r"^item (\d+)\b")
+TARGET_BULK = re.compile(r"^bulk operation (\d+)$")
+# Filter keys of an audit entry, in the words of the pages that set them.
+FILTER_WORDS = {"kind": "action", "statuses": "statuses", "clock": "range over",
+                "created_from": "from", "created_to": "to", "snapshot_at": "as of",
+                "account": "account", "identifier_prefix": "identifier starts with",
+                "error_contains": "error contains", "error_group": "error group",
+                "payload": "payload field", "reason": "dead-letter reason", "ids": "selected items"}
+
+
+@register.simple_tag
+def audit_target(entry):
+    """The entry's target, linked to what it names when that is a page of the dashboard."""
+    if match := TARGET_ITEM.match(entry.target):
+        return format_html('<a href="{}">{}</a>', reverse("queues:item_detail",
+                                                          args=[int(match.group(1))]), entry.target)
+    if (match := TARGET_BULK.match(entry.target)) and entry.queue_key:
+        return format_html('<a href="{}">{}</a>', reverse(
+            "queues:bulk_operation", args=[entry.queue_key, int(match.group(1))]), entry.target)
+    return entry.target
+
+
+@register.simple_tag
+def filter_words(data):
+    """A stored filter as words, one "name: value" per line; times one way (see `when`)."""
+    if not data:
+        return ""
+    lines = []
+    for key, label in FILTER_WORDS.items():
+        value = data.get(key)
+        if value in (None, "", [], ()):
+            continue
+        if key in ("created_from", "created_to", "snapshot_at"):
+            shown = when(value)
+        elif key == "ids":
+            shown = f"{len(value):,}"
+        elif isinstance(value, list):
+            shown = ", ".join(map(str, value))
+        else:
+            shown = str(value)
+        lines.append((label, shown))
+    return format_html('<ul class="filter-words">{}</ul>', format_html_join(
+        "", "<li>{}: {}</li>", lines))
 
 
 @register.filter
