@@ -80,6 +80,30 @@ def test_seeded_rows_are_the_rows_the_lifecycle_would_leave(seeded):
     assert not Attempt.objects.filter(outcome="complete").exclude(item__status="complete").exists()
 
 
+def test_seeded_history_is_consistent_and_in_the_past(seeded):
+    """What the demo shows must be possible: no time ahead of now (run_at aside), timelines
+    in order, attempts matching their item and tracebacks ending in their attempt's error."""
+    from django.db.models import F
+    from django.utils import timezone
+
+    now = timezone.now()
+    assert not ItemEvent.objects.filter(at__gt=now).exists()
+    for column in ("created_at", "updated_at", "dispatched_at", "started_at", "finished_at"):
+        assert not Item.objects.filter(**{f"{column}__gt": now}).exists(), column
+    assert not Item.objects.filter(finished_at__lt=F("started_at")).exists()
+    assert not Attempt.objects.filter(finished_at__lt=F("started_at")).exists()
+    for item in Item.objects.exclude(status=Status.QUEUED)[:300]:
+        transitions = list(item.events.order_by("at", "id").values_list("at", "to_status"))
+        assert transitions[-1][1] == item.status
+        if item.finished_at:
+            assert transitions[-1][0] == item.finished_at
+        last = item.attempt_set.order_by("-number").first()
+        if last and item.status != Status.COMPLETE and item.status in (Status.FAILED,
+                                                                       Status.RETRY):
+            assert (last.error, last.finished_at) == (item.last_error, item.updated_at)
+            assert last.traceback.rstrip().endswith(item.last_error)
+
+
 def test_seeder_rolls_up_recent_outcomes_per_minute(seeded):
     assert OutcomeMinute.objects.filter(status=Status.COMPLETE).exists()
     assert not OutcomeMinute.objects.filter(count__lte=0).exists()

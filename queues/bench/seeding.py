@@ -40,9 +40,10 @@ ERRORS = [
     "ConnectionError: HTTPSConnectionPool(host='api.partner.example', port=443): Read timed out.",
     "HTTP 503 Service Unavailable from https://hooks.example.com/ingest",
     "HTTP 429 Too Many Requests (Retry-After: 120)",
-    "ValueError: invoice 'INV-<n>' has no line items",
+    "ValueError: invoice 'INV-1042' has no line items",
     "PermissionError: token for account expired",
 ]
+# The frames of a failed attempt's traceback; its last line is the attempt's own error.
 TRACEBACK = (
     "Traceback (most recent call last):\n"
     '  File "/app/queues/worker.py", line 88, in run_one\n'
@@ -50,6 +51,8 @@ TRACEBACK = (
     '  File "/app/partners/handlers.py", line 41, in deliver\n'
     "    response.raise_for_status()\n"
 )
+# Six attempts ten minutes apart, and a minute to spare: how old the newest seeded item is.
+HISTORY_SECONDS = 6 * 600 + 60
 SEED_PRIME = 1_000_003  # multiplier that permutes 0..N-1 when N is not a multiple of it
 
 
@@ -390,11 +393,15 @@ def _generated_items_sql(plan: "_Plan") -> tuple[str, str]:
         upper += width
         bands.append(f"WHEN r < {upper} THEN '{status}'")
     queue_case = " ".join(f"WHEN {i} THEN {q.pk}" for i, q in enumerate(queues))
-    created = d.now_plus(f"-{spread} + n * {spread} / {items}")
+    # Every item is at least HISTORY_SECONDS old, so that its attempts (ten minutes apart) and
+    # their events all lie in the past.
+    created = d.now_plus(f"-{spread} - {HISTORY_SECONDS} + n * {spread} / {items}")
     moved = d.now_plus(f"-({plan.in_flight_age} + v % 60)")  # in-flight items' last move
     started = d.now_plus(f"-({plan.in_flight_age} + v % 50)")
-    # Attempts are ten minutes apart (see _insert_attempts); the item finishes after the last.
-    finish = "CASE WHEN attempts > 1 THEN (attempts - 1) * 600 ELSE 0 END + 5 + v % 60"
+    # Attempts are ten minutes apart (see _insert_attempts): the last one is dispatched 1 s,
+    # started 2 s and ended 3 s to a minute after its start of ten minutes.
+    last = "CASE WHEN attempts > 1 THEN (attempts - 1) * 600 ELSE 0 END"
+    finish = f"{last} + 3 + v % 60"
     # r picks the status, v varies the details; both are cheap integer hashes of n so that the
     # same SQL runs on both databases and repeated seeds are reproducible.
     sql = f"""(
@@ -410,15 +417,16 @@ def _generated_items_sql(plan: "_Plan") -> tuple[str, str]:
              ELSE created END AS run_at,
         CASE WHEN status IN ('retry', 'failed') THEN {_error_case("v")} ELSE '' END AS last_error,
         created AS created_at,
-        CASE WHEN status IN ('dispatched', 'running') THEN {moved}
-             WHEN status IN ('complete', 'failed', 'cancelled') THEN {d.plus("created", finish)}
-             WHEN status = 'retry' THEN {d.plus("created", "4")}
+        CASE WHEN status = 'dispatched' THEN {moved} WHEN status = 'running' THEN {started}
+             WHEN status IN ('complete', 'failed', 'cancelled', 'retry')
+                 THEN {d.plus("created", finish)}
              ELSE created END AS updated_at,
-        CASE WHEN status IN ('dispatched', 'running') THEN {moved}
+        CASE WHEN status = 'dispatched' THEN {moved}
+             WHEN status = 'running' THEN {d.plus(started, "-1")}
              WHEN status IN ('queued', 'cancelled') THEN NULL
-             ELSE {d.plus("created", "1")} END AS dispatched_at,
+             ELSE {d.plus("created", f"{last} + 1")} END AS dispatched_at,
         CASE WHEN status = 'running' THEN {started}
-             WHEN status IN ('complete', 'retry', 'failed') THEN {d.plus("created", "2")}
+             WHEN status IN ('complete', 'retry', 'failed') THEN {d.plus("created", f"{last} + 2")}
              ELSE NULL END AS started_at,
         CASE WHEN status IN ('complete', 'failed', 'cancelled') THEN {d.plus("created", finish)}
              ELSE NULL END AS finished_at
@@ -452,12 +460,17 @@ def _insert_attempts(d: Dialect, first_id: int) -> int:
     sql = f"""
     INSERT INTO {table} (item_id, number, started_at, finished_at, outcome, error, traceback,
                          worker)
-    SELECT i.id, k.k, {d.plus("i.created_at", "(k.k - 1) * 600 + 2")},
-        {d.plus("i.created_at", "(k.k - 1) * 600 + 3")},
+    SELECT i.id, k.k,
+        CASE WHEN k.k = i.attempts THEN i.started_at
+             ELSE {d.plus("i.created_at", "(k.k - 1) * 600 + 2")} END,
+        CASE WHEN k.k = i.attempts THEN COALESCE(i.finished_at, i.updated_at)
+             ELSE {d.plus("i.created_at", "(k.k - 1) * 600 + 3")} END,
         CASE WHEN k.k < i.attempts THEN 'retry' WHEN i.status = 'complete' THEN 'complete'
              WHEN i.status = 'failed' THEN 'failed' ELSE 'retry' END,
         CASE WHEN k.k = i.attempts THEN i.last_error ELSE {_error_case("i.id + k.k")} END,
-        CASE WHEN k.k = i.attempts AND i.status = 'complete' THEN '' ELSE {literal(TRACEBACK)} END,
+        CASE WHEN k.k = i.attempts AND i.status = 'complete' THEN ''
+             WHEN k.k = i.attempts THEN {literal(TRACEBACK)} || i.last_error
+             ELSE {literal(TRACEBACK)} || {_error_case("i.id + k.k")} END,
         'worker-' || (i.id % 4)
     FROM {items} i JOIN ({_numbers(6)}) k ON k.k <= i.attempts
     WHERE i.id > {int(first_id)}
@@ -498,6 +511,9 @@ def _insert_events_sql(plan: "_Plan") -> str:
         CASE WHEN p.phase = 0 THEN 0 ELSE p.k END,
         CASE WHEN p.phase = 0 AND p.k = 0 THEN i.created_at
              WHEN p.phase = 0 THEN i.finished_at
+             WHEN p.k = i.attempts AND p.phase = 1 THEN i.dispatched_at
+             WHEN p.k = i.attempts AND p.phase = 2 THEN i.started_at
+             WHEN p.k = i.attempts THEN COALESCE(i.finished_at, i.updated_at)
              ELSE {d.plus("i.created_at", "(p.k - 1) * 600 + p.phase")} END,
         CASE WHEN p.phase = 0 AND p.k = 0 THEN 'producer' WHEN p.phase = 0 THEN 'user:admin'
              WHEN p.phase = 1 THEN 'selector' ELSE 'worker' END,

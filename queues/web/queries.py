@@ -268,7 +268,8 @@ EVENT_LIMIT = 200
 
 def item_detail(item: Item, now: datetime) -> ItemDetail:
     queue = item.queue
-    events = list(item.events.order_by("id")[:EVENT_LIMIT])
+    # By time: events a transaction writes share its time, and their ids break the tie.
+    events = list(item.events.order_by("at", "id")[:EVENT_LIMIT])
     attempts = list(item.attempt_set.order_by("number"))
     letters = list(item.dead_letters.order_by("created_at"))
     next_run, dead_at = None, None
