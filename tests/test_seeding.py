@@ -115,3 +115,18 @@ def test_seeding_twice_adds_to_existing_data_and_counters(seeded):
     ids = [q.pk for q in queues]
     assert Item.objects.count() == 6000
     assert counters.status_counts(ids) == counters.exact_counts(ids)
+
+
+def test_a_demo_backlog_is_recent_while_finished_items_go_back_further():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    queue = QueueFactory()
+    seeding.seed(items=2000, accounts=20, queues=[queue], waiting_within=6 * 3600,
+                 in_flight_age=3600)
+    since = timezone.now() - timedelta(hours=6) - timedelta(seconds=seeding.HISTORY_SECONDS + 3601)
+    waiting = Item.objects.filter(status__in=[Status.QUEUED, Status.RETRY, Status.RUNNING])
+    assert waiting.exists() and not waiting.filter(created_at__lt=since).exists()
+    assert Item.objects.filter(status=Status.COMPLETE, created_at__lt=since).exists()
+    assert not ItemEvent.objects.filter(at__gt=timezone.now()).exists()

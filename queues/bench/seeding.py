@@ -138,9 +138,11 @@ def zipf_counts(total: int, accounts: int, rng: random.Random, exponent: float =
 
 def seed(*, items: int, accounts: int, queues: list[Queue], spread_days: int = 30,
          account_prefix: str = "acct", seed_value: int = 7, in_flight_age: int = 0,
-         log=None) -> SeedResult:
+         waiting_within: int = 0, log=None) -> SeedResult:
     """`in_flight_age`: seconds since the seeded dispatched and running items last moved (the
-    demo makes them old enough for the sweeper to find their worker lost)."""
+    demo makes them old enough for the sweeper to find their worker lost). `waiting_within`:
+    if set, items not yet finished were enqueued within that many seconds (a live queue's
+    backlog is recent; the benchmarks spread every status over the whole range)."""
     if items < 1 or accounts < 1 or not queues:
         raise ValueError("need at least one item, one account and one queue")
     if items % SEED_PRIME == 0:
@@ -150,7 +152,7 @@ def seed(*, items: int, accounts: int, queues: list[Queue], spread_days: int = 3
     result = SeedResult(items=items, accounts=accounts, queues=len(queues))
     plan = _Plan(dialect, items, queues, spread_days, f"s{int(time.time() * 1000):x}",
                  zipf_accounts(items, accounts, account_prefix, random.Random(seed_value)),
-                 in_flight_age)
+                 in_flight_age, waiting_within)
 
     def step(name):
         return _Timer(result, name, log)
@@ -184,6 +186,7 @@ class _Plan:
     tag: str
     accounts: list[tuple[int, int, str]]
     in_flight_age: int
+    waiting_within: int
     first_id: int = 0
 
 
@@ -393,9 +396,14 @@ def _generated_items_sql(plan: "_Plan") -> tuple[str, str]:
         upper += width
         bands.append(f"WHEN r < {upper} THEN '{status}'")
     queue_case = " ".join(f"WHEN {i} THEN {q.pk}" for i, q in enumerate(queues))
-    # Every item is at least HISTORY_SECONDS old, so that its attempts (ten minutes apart) and
-    # their events all lie in the past.
-    created = d.now_plus(f"-{spread} - {HISTORY_SECONDS} + n * {spread} / {items}")
+    # Every item is old enough for its attempts (ten minutes apart) and their events to lie in
+    # the past, before the current attempt of an in-flight item.
+    oldest_history = HISTORY_SECONDS + plan.in_flight_age
+    created = d.now_plus(f"-{spread} - {oldest_history} + n * {spread} / {items}")
+    if plan.waiting_within:
+        recent = d.now_plus(f"-{oldest_history} - v % {int(plan.waiting_within)}")
+        created = (f"CASE WHEN status IN ('queued', 'retry', 'dispatched', 'running') "
+                   f"THEN {recent} ELSE {created} END")
     moved = d.now_plus(f"-({plan.in_flight_age} + v % 60)")  # in-flight items' last move
     started = d.now_plus(f"-({plan.in_flight_age} + v % 50)")
     # Attempts are ten minutes apart (see _insert_attempts): the last one is dispatched 1 s,

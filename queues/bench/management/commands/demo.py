@@ -43,9 +43,11 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"Seeding {items:,} items across {accounts} accounts ...")
             # The seeded in-flight items belong to no live worker: old enough, the first
-            # sweep finds them lost, as it would after a crash.
+            # sweep finds them lost, as it would after a crash. The backlog is the last six
+            # hours', as on a live queue; finished items go back 30 days.
             result = seeding.seed(items=items, accounts=accounts, queues=queues,
-                                  account_prefix="tenant", in_flight_age=3600)
+                                  account_prefix="tenant", in_flight_age=3600,
+                                  waiting_within=6 * 3600)
             counters.rollup()
             self.stdout.write(f"Seeded in {result.wall_seconds:.1f} s.")
         username, password = self._admin()
