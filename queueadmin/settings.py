@@ -196,7 +196,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "plain": {"()": "queues.ops.logs.PlainFormatter",
+                  "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "queues.ops.logs.JsonFormatter"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": CONFIG.log_format}},

@@ -1,6 +1,6 @@
 """QueueAdmin's data model. Status changes never happen here: see queues/lifecycle.py."""
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.contrib.postgres.indexes import GinIndex
@@ -30,6 +30,30 @@ FINISHED_STATUSES = (Status.COMPLETE, Status.FAILED, Status.CANCELLED)
 DEFAULT_BACKOFF_SECONDS = [120, 600, 1500, 2400, 2700]
 MAX_ACCOUNT_LENGTH = 200
 MAX_IDENTIFIER_LENGTH = 255
+# Every time taken from outside lies in [EARLIEST_TIME, LATEST_TIME): PostgreSQL stores years
+# that Python cannot read back (year 0, or 10000 after a time-zone shift), and a page that reads
+# such a row would fail for every user.
+EARLIEST_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_TIME = datetime(2100, 1, 1, tzinfo=UTC)
+TIME_BOUNDS_TEXT = "must lie between 1970-01-01 and 2100-01-01 UTC"
+PRINTABLE_TEXT = "must be printable text: no control characters, line or paragraph breaks"
+
+
+def time_in_bounds(moment: datetime) -> bool:
+    return EARLIEST_TIME <= moment < LATEST_TIME
+
+
+def printable(text: str) -> bool:
+    """Identifiers and accounts reach line-framed outputs (the live stream, log lines, CSV), so
+    they hold printable characters and plain spaces only."""
+    return text.isprintable()
+
+
+def validate_printable(text: str):
+    from django.core.exceptions import ValidationError
+
+    if not printable(text):
+        raise ValidationError(PRINTABLE_TEXT.capitalize() + ".", code="printable")
 
 key_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9_-]{0,63}$",
@@ -131,7 +155,7 @@ class AccountPolicy(models.Model):
 
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="policies",
                               db_index=False)
-    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH)
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH, validators=[validate_printable])
     weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     max_in_flight = models.PositiveIntegerField(null=True, blank=True)
     paused = models.BooleanField(default=False)
@@ -153,8 +177,9 @@ class Item(models.Model):
     # Indexed by the composite indexes below, which all start with the queue.
     queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="items",
                               db_index=False)
-    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH)
-    identifier = models.CharField(max_length=MAX_IDENTIFIER_LENGTH)
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH, validators=[validate_printable])
+    identifier = models.CharField(max_length=MAX_IDENTIFIER_LENGTH,
+                                  validators=[validate_printable])
     payload = models.JSONField(default=dict, blank=True)
     priority = models.SmallIntegerField(default=0)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
@@ -184,6 +209,11 @@ class Item(models.Model):
                 fields=["queue", "identifier"],
                 condition=Q(status__in=LIVE_STATUSES),
                 name="item_live_identifier_uniq",  # enqueue dedup
+            ),
+            # The one timestamp an outside value sets: readable by every reader (EARLIEST_TIME).
+            models.CheckConstraint(
+                condition=Q(run_at__gte=EARLIEST_TIME, run_at__lt=LATEST_TIME),
+                name="item_run_at_in_bounds",
             ),
         ]
         indexes = [

@@ -50,8 +50,9 @@ def layer(module: str) -> str:
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in {"engine", "web", "api", "ops", "bench"}:
         return parts[1]
-    if len(parts) > 1 and parts[1] in {"conf", "models", "permissions", "checks", "moved",
-                                       "templatetags"}:
+    if len(parts) > 1 and parts[1] == "templatetags":
+        return "web"  # Django's place for them, the dashboard's helpers
+    if len(parts) > 1 and parts[1] in {"conf", "models", "permissions", "checks", "moved"}:
         return "foundation"
     return "wiring"
 

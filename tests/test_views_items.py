@@ -226,3 +226,15 @@ def test_a_held_item_says_what_holds_it(role_client, queue):
     queue.save()
     html = role_client("Viewer").get("/queues/emails/").content.decode()
     assert "held: queue paused" in html
+
+
+def test_typed_dates_are_never_ignored(role_client, queue):
+    client = role_client("Viewer")
+    enqueued(queue, 1, prefix="now")
+    under_any_time = client.get("/queues/emails/", {"created_from": "2001-01-01T00:00",
+                                                    "created_to": "2001-01-02T00:00"})
+    assert under_any_time.status_code == 200 and identifiers(under_any_time) == []
+    with_a_preset = client.get("/queues/emails/", {"period": "24h",
+                                                   "created_from": "2001-01-01T00:00"})
+    assert with_a_preset.status_code == 400
+    assert "Time: Choose From / to to use the dates you typed" in with_a_preset.content.decode()

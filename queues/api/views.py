@@ -20,11 +20,13 @@ from queues.engine.errors import MESSAGE_LIMIT
 from queues.models import (
     LIVE_STATUSES,
     MAX_ACCOUNT_LENGTH,
+    TIME_BOUNDS_TEXT,
     AccountPolicy,
     BulkOperation,
     Item,
     Queue,
     Status,
+    time_in_bounds,
 )
 
 ITEM_FIELDS = {"account", "identifier", "payload", "run_at", "priority"}
@@ -145,6 +147,8 @@ def _iso_datetime(value) -> datetime:
         raise ValueError("is not an ISO 8601 date-time, e.g. 2026-01-31T09:30:00Z") from None
     if timezone.is_naive(parsed):
         raise ValueError("has no time-zone offset; add Z or +HH:MM")
+    if not time_in_bounds(parsed):
+        raise ValueError(TIME_BOUNDS_TEXT)
     return parsed
 
 
@@ -170,7 +174,8 @@ def _parse_item(document, prefix: str, now: datetime) -> dict:
             fields[prefix + name] = "is required"
         elif not isinstance(document[name], str):
             fields[prefix + name] = "must be a string"
-    item = {name: document.get(name) for name in ITEM_FIELDS}
+    # Only the fields given: an explicit null is refused where the schema says integer.
+    item = {name: document[name] for name in ITEM_FIELDS if name in document}
     try:
         item["run_at"] = _parse_run_at(document.get("run_at"), now)
     except ValueError as exc:

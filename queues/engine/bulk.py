@@ -30,7 +30,16 @@ from django_q.tasks import async_task
 from queues.conf import setting
 from queues.engine import audit, lifecycle, payloads
 from queues.engine.errors import group_pattern
-from queues.models import LIVE_STATUSES, BulkOperation, DeadLetter, Item, Queue, Status
+from queues.models import (
+    LIVE_STATUSES,
+    TIME_BOUNDS_TEXT,
+    BulkOperation,
+    DeadLetter,
+    Item,
+    Queue,
+    Status,
+    time_in_bounds,
+)
 
 log = logging.getLogger(__name__)
 STEP_SIZE = 500
@@ -160,6 +169,8 @@ class BulkFilter:
         for name, value in (("created_from", created_from), ("created_to", created_to)):
             if not isinstance(value, datetime) or timezone.is_naive(value):
                 fields[name] = "must be a date-time with a time zone"
+            elif not time_in_bounds(value):
+                fields[name] = TIME_BOUNDS_TEXT
         if not fields and created_from >= created_to:
             fields["created_to"] = "must be after the start of the range"
         if fields:

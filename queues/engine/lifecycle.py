@@ -32,6 +32,8 @@ from queues.models import (
     LIVE_STATUSES,
     MAX_ACCOUNT_LENGTH,
     MAX_IDENTIFIER_LENGTH,
+    PRINTABLE_TEXT,
+    TIME_BOUNDS_TEXT,
     Attempt,
     CounterDelta,
     DeadLetter,
@@ -39,6 +41,8 @@ from queues.models import (
     ItemEvent,
     Queue,
     Status,
+    printable,
+    time_in_bounds,
 )
 
 BATCH_LIMIT = 1000  # rows per statement: keeps statements and transactions short
@@ -187,8 +191,8 @@ def _check_text(fields: dict, name: str, value, limit: int):
         fields[name] = "must be a non-empty string"
     elif len(value) > limit:
         fields[name] = f"must be at most {limit} characters"
-    elif "\x00" in value:
-        fields[name] = "must not contain NUL characters"
+    elif not printable(value):
+        fields[name] = PRINTABLE_TEXT
 
 
 def normalise_item(item: Mapping, now: datetime) -> dict:
@@ -215,9 +219,9 @@ def normalise_item(item: Mapping, now: datetime) -> dict:
         fields["run_at"] = "must be a datetime"
     elif timezone.is_naive(run_at):
         fields["run_at"] = "must be timezone-aware"
+    elif not time_in_bounds(run_at):
+        fields["run_at"] = TIME_BOUNDS_TEXT
     priority = item.get("priority", 0)
-    if priority is None:
-        priority = 0
     if isinstance(priority, bool) or not isinstance(priority, int):
         fields["priority"] = "must be an integer"
     elif not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:

@@ -1,7 +1,7 @@
 """Migration operations of our own (the loader skips modules whose name starts with _)."""
 
 from django.db import NotSupportedError
-from django.db.migrations import AddIndex
+from django.db.migrations import AddConstraint, AddIndex
 
 
 class AddIndexConcurrentlyOnPostgres(AddIndex):
@@ -26,3 +26,21 @@ class AddIndexConcurrentlyOnPostgres(AddIndex):
         model = from_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             schema_editor.remove_index(model, self.index, concurrently=True)
+
+
+class AddCheckConstraintValidatedOnPostgres(AddConstraint):
+    """On PostgreSQL, add the CHECK as NOT VALID (a brief lock, no scan) and validate it in a
+    second statement that lets writes go on; elsewhere, Django's own way."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor != "postgresql":
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        table = schema_editor.quote_name(model._meta.db_table)
+        name = schema_editor.quote_name(self.constraint.name)
+        check = self.constraint._get_check_sql(model, schema_editor)
+        schema_editor.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({check}) "
+                              "NOT VALID")
+        schema_editor.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")

@@ -31,3 +31,12 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str, ensure_ascii=False)
+
+
+class PlainFormatter(logging.Formatter):
+    """Human-readable lines that stay one line each: a line break in a message (an identifier
+    or an error can carry one) is written as \\n, so nobody can forge a log line. Tracebacks
+    keep their lines, after the message."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return super().formatMessage(record).replace("\r", "\\r").replace("\n", "\\n")

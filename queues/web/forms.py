@@ -18,6 +18,7 @@ from queues.models import (
     MAX_IDENTIFIER_LENGTH,
     Queue,
     Status,
+    time_in_bounds,
 )
 from queues.web.queries import parse_cursor
 
@@ -35,6 +36,10 @@ CLOCK_CHOICES = [("enqueued", "Enqueued"), ("finished", "Finished / failed"),
 def check_range(form, start, end, start_field="created_from", end_field="created_to"):
     """From before To, at most MAX_RANGE apart (an open To means now): a mistyped year becomes
     a form error instead of a count or a bulk change over every item ever enqueued."""
+    for field, moment in ((start_field, start), (end_field, end)):
+        if moment and not time_in_bounds(moment):
+            form.add_error(field, "Must lie between 1970 and 2100.")
+            return
     if start and end and start >= end:
         form.add_error(end_field, "Must be after From.")
     elif start and (end or timezone.now()) - start > MAX_RANGE:
@@ -108,10 +113,16 @@ class ItemFilterForm(TimeRangeForm):
     def clean(self):
         data = super().clean()
         period = data.get("period")
-        if period in PERIODS:
-            # A preset wins over typed dates: the URL then always means "the last N".
+        typed = data.get("created_from") or data.get("created_to")
+        if period in PERIODS and typed:
+            # Typed dates are never dropped in silence.
+            self.add_error("period", "Choose From / to to use the dates you typed, or clear "
+                                     "them.")
+        elif period in PERIODS:
             data["created_from"] = timezone.now() - PERIODS[period]
             data["created_to"] = None
+        elif period != "custom" and typed:
+            data["period"] = "custom"  # dates typed under "Any time" mean From / to
         elif period != "custom":
             data["created_from"] = data["created_to"] = None
         check_range(self, data.get("created_from"), data.get("created_to"))

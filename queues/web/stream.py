@@ -8,6 +8,7 @@ data attribute and sends it back, so that a reconnect, a server restart or a pol
 twice and skips nothing.
 """
 
+import re
 import time
 import zoneinfo
 from collections import OrderedDict
@@ -140,10 +141,15 @@ def stream_rows(request, key=None):
     return response
 
 
+SSE_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
 def _sse(event: str, data: str, position: Cursor | None = None) -> str:
     lines = [f"id: {position.encode()}"] if position is not None else []
     lines.append(f"event: {event}")
-    lines += [f"data: {line}" for line in data.split("\n")]
+    # CR, LF and CRLF each end an SSE line: every one of them in the data starts a new data
+    # line, so no stored character can end the event or inject a field.
+    lines += [f"data: {line}" for line in SSE_LINE_BREAK.split(data)]
     return "\n".join(lines) + "\n\n"
 
 
