@@ -556,6 +556,8 @@ class BulkOperation(models.Model):
     # The frozen filter: statuses, time range, account, error text, snapshot time and highest id.
     filter = models.JSONField()
     filter_hash = models.CharField(max_length=64)
+    # The one-time nonce of the confirmation that started it: a repeat starts nothing.
+    nonce = models.CharField(max_length=32, unique=True, null=True, blank=True)
     expected = models.PositiveIntegerField()  # eligible items counted by the confirmed preview
     # Keyset position of the next step: index into the filter's statuses, created_at and id.
     position = models.JSONField(default=dict)

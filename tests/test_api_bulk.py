@@ -211,3 +211,26 @@ def test_a_bulk_request_may_select_an_error_group(call, queue):
         "kind": "retry", "statuses": ["failed"], "error_group": "TimeoutError: read <n> s",
         **week()})
     assert preview.json()["eligible"] == 2
+
+
+def test_a_confirmation_starts_one_operation_however_often_it_is_sent(call, queue, document):
+    items_in_status(queue, "failed", 2)
+    preview = call("POST", "/queues/emails/bulk/preview",
+                   {"kind": "retry", "statuses": ["failed"], **week()}).json()
+    first = call("POST", "/queues/emails/bulk", preview["confirmation"])
+    again = call("POST", "/queues/emails/bulk", preview["confirmation"])
+    assert (first.status_code, again.status_code) == (202, 200)
+    check(document, "/queues/{key}/bulk", "post", again)
+    assert again.json()["id"] == first.json()["id"]
+    assert BulkOperation.objects.count() == 1
+
+
+def test_a_confirmation_expires_after_15_minutes(call, queue, document, monkeypatch):
+    items_in_status(queue, "failed", 1)
+    preview = call("POST", "/queues/emails/bulk/preview",
+                   {"kind": "retry", "statuses": ["failed"], **week()}).json()
+    monkeypatch.setattr(bulk, "CONFIRMATION_SECONDS", -1)
+    response = call("POST", "/queues/emails/bulk", preview["confirmation"])
+    assert response.status_code == 410
+    check(document, "/queues/{key}/bulk", "post", response)
+    assert not BulkOperation.objects.exists()

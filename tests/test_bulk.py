@@ -372,3 +372,32 @@ def test_an_operation_recorded_before_clocks_keeps_its_enqueue_time_range(queue)
     del data["clock"], data["identifier_prefix"]
     assert bulk.BulkFilter.from_json(data).clock == "enqueued"
     assert bulk.BulkFilter.from_json({**data, "kind": "replay"}).clock == "finished"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_submissions_of_one_confirmation_start_one_operation():
+    queue = QueueFactory(key="twice")
+    items_in_status(queue, "failed", 3)
+    preview = bulk.preview(a_filter(queue, "retry", ["failed"]))
+    sent = bulk.confirmation(preview)
+    barrier, answers = threading.Barrier(2), []
+
+    def submit():
+        try:
+            barrier.wait()
+            answers.append(bulk.start_confirmed(
+                bulk.from_confirmation(sent["frozen"]), expected=sent["expected"],
+                filter_hash=sent["filter_hash"], actor="ops"))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=submit) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(started for _, started in answers) == [False, True]
+    assert len({operation.pk for operation, _ in answers}) == 1
+    assert BulkOperation.objects.count() == 1
+    assert AuditEntry.objects.filter(action="bulk.retry").count() == 1

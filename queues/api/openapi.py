@@ -176,10 +176,15 @@ def document(server: str = "/api/v1") -> dict:
             "/queues/{key}/bulk": {"post": {
                 "operationId": "startBulk",
                 "summary": "Confirm a preview: the operation runs in the background.",
+                "description": "A confirmation starts one operation at most and expires 15 "
+                               "minutes after its preview.",
                 "parameters": [KEY],
                 "requestBody": _body("Confirmation"),
                 "responses": {
                     "202": _json("Started.", "BulkOperation"),
+                    "200": _json("This confirmation was used before: the operation it started; "
+                                 "nothing new starts.", "BulkOperation"),
+                    "410": _error("The preview is older than 15 minutes; preview again."),
                     "409": _error("The eligible items inside the snapshot changed; `preview` "
                                   "holds the fresh counts and confirmation."),
                     **_errors(400, 404, 413, 415, 422), **COMMON_ERRORS},

@@ -441,17 +441,21 @@ def bulk_start(request, key):
         raise _invalid({"body": "send the confirmation of a preview: frozen, filter_hash and "
                                 "expected"})
     try:
-        bulk_filter = bulk.filter_from_confirmation(document["frozen"])
-        if bulk_filter.queue_id != queue.pk:
+        confirmed = bulk.from_confirmation(document["frozen"])
+        if confirmed.filter.queue_id != queue.pk:
             raise bulk.BulkError("the confirmation is for another queue", {"frozen": "queue"})
-        operation = bulk.start(bulk_filter, expected=document["expected"],
-                               filter_hash=document["filter_hash"], actor=request.token)
+        operation, started = bulk.start_confirmed(
+            confirmed, expected=document["expected"], filter_hash=document["filter_hash"],
+            actor=request.token)
+    except bulk.ConfirmationExpired as exc:
+        raise ApiError(410, "expired", exc.message, exc.fields) from None
     except bulk.StalePreview as stale:
         raise ApiError(409, "stale_preview", stale.message,
                        preview=_preview_json(stale.fresh)) from None
     except bulk.BulkError as exc:
         raise _invalid(exc.fields or {"body": exc.message}) from None
-    return json_response(operation_json(operation), status=202)
+    # A repeated confirmation started nothing: the operation it had started.
+    return json_response(operation_json(operation), status=202 if started else 200)
 
 
 def _operation_for(token, pk: int) -> BulkOperation:

@@ -15,13 +15,14 @@ skips nor repeats work.
 import hashlib
 import json
 import logging
+import secrets
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from django.core import signing
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Exists, Max, OuterRef, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -48,6 +49,8 @@ STEP_SIZE = 500
 TASK_SECONDS = 5.0
 SAMPLE_SIZE = 20
 SIGNING_SALT = "queueadmin.bulk.preview"
+# A confirmation starts one operation at most (its nonce is unique) and only this soon.
+CONFIRMATION_SECONDS = 15 * 60
 
 # kind: (lifecycle transition, statuses it applies to)
 KINDS = {
@@ -93,16 +96,35 @@ class StalePreview(BulkError):
         self.fresh = fresh
 
 
+class ConfirmationExpired(BulkError):
+    """A preview's confirmation is used within CONFIRMATION_SECONDS or not at all."""
+
+    def __init__(self):
+        super().__init__(f"the preview is older than {CONFIRMATION_SECONDS // 60} minutes; "
+                         "preview again", {"frozen": "expired"})
+
+
 def confirmation(preview: "Preview") -> dict:
-    """What confirming a preview sends back: the frozen filter, signed so that it returns as
-    it was sent, its hash, and the eligible count the operator saw."""
-    return {"frozen": signing.dumps(preview.filter.as_json(), salt=SIGNING_SALT),
+    """What confirming a preview sends back: the frozen filter and a one-time nonce, signed
+    with the time so that they return as they were sent and expire, its hash, and the eligible
+    count the operator saw."""
+    frozen = {"filter": preview.filter.as_json(), "nonce": secrets.token_hex(16)}
+    return {"frozen": signing.dumps(frozen, salt=SIGNING_SALT),
             "filter_hash": preview.filter.digest(), "expected": preview.eligible}
 
 
-def filter_from_confirmation(frozen: str) -> "BulkFilter":
+@dataclass(frozen=True)
+class Confirmed:
+    filter: "BulkFilter"
+    nonce: str
+
+
+def from_confirmation(frozen: str) -> Confirmed:
     try:
-        return BulkFilter.from_json(signing.loads(frozen, salt=SIGNING_SALT))
+        data = signing.loads(frozen, salt=SIGNING_SALT, max_age=CONFIRMATION_SECONDS)
+        return Confirmed(BulkFilter.from_json(data["filter"]), str(data["nonce"])[:32])
+    except signing.SignatureExpired:
+        raise ConfirmationExpired() from None
     except (signing.BadSignature, KeyError, TypeError, ValueError):
         raise BulkError("the confirmation was altered; preview again",
                         {"frozen": "not a preview's confirmation"}) from None
@@ -301,8 +323,24 @@ def preview(bulk_filter: BulkFilter, now: datetime | None = None) -> Preview:
     return Preview(frozen, eligible, dict(ineligible), sample, too_many=eligible > cap)
 
 
+def start_confirmed(confirmed: Confirmed, *, expected: int, filter_hash: str, actor
+                    ) -> tuple[BulkOperation, bool]:
+    """Start the operation of a confirmation once: a repeat, even one racing the first,
+    answers the operation it started (and False)."""
+    existing = BulkOperation.objects.filter(nonce=confirmed.nonce).first()
+    if existing is not None:
+        return existing, False
+    try:
+        return start(confirmed.filter, expected=expected, filter_hash=filter_hash, actor=actor,
+                     nonce=confirmed.nonce), True
+    except IntegrityError:
+        # The unique nonce: a concurrent submission of the same confirmation got there first.
+        return BulkOperation.objects.get(nonce=confirmed.nonce), False
+
+
 @transaction.atomic
-def start(bulk_filter: BulkFilter, *, expected: int, filter_hash: str, actor) -> BulkOperation:
+def start(bulk_filter: BulkFilter, *, expected: int, filter_hash: str, actor,
+          nonce: str | None = None) -> BulkOperation:
     """Confirm a preview: refuses when the frozen filter was altered, answers StalePreview when
     its eligible count changed, otherwise records the operation and schedules its first step."""
     if bulk_filter.snapshot_at is None or bulk_filter.digest() != filter_hash:
@@ -320,7 +358,7 @@ def start(bulk_filter: BulkFilter, *, expected: int, filter_hash: str, actor) ->
         queue_id=bulk_filter.queue_id, kind=bulk_filter.kind, actor=user,
         actor_name=audit.actor_name(actor)[:150],
         filter=bulk_filter.as_json(), filter_hash=filter_hash, expected=expected,
-        created_at=timezone.now(),
+        created_at=timezone.now(), nonce=nonce,
     )
     queue_key = Queue.objects.values_list("key", flat=True).get(pk=bulk_filter.queue_id)
     audit.record(actor, f"bulk.{bulk_filter.kind}", queue_key=queue_key,

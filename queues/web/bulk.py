@@ -75,15 +75,21 @@ def bulk_start(request, key):
     if not form.is_valid():
         return HttpResponseBadRequest("The confirmation is incomplete; preview again.")
     try:
-        bulk_filter = bulk.filter_from_confirmation(form.cleaned_data["frozen"])
+        confirmed = bulk.from_confirmation(form.cleaned_data["frozen"])
+    except bulk.ConfirmationExpired as expired:
+        return render_page(request, "queues/_bulk_preview.html",
+                           {"queue": queue, "error": expired.message.capitalize() + "."},
+                           status=410)
     except bulk.BulkError:
         return HttpResponseBadRequest("The confirmation was altered; preview again.")
-    if bulk_filter.queue_id != queue.pk:
+    if confirmed.filter.queue_id != queue.pk:
         return HttpResponseBadRequest("The confirmation is for another queue.")
-    _check_purge_role(request.user, bulk_filter.kind)
+    _check_purge_role(request.user, confirmed.filter.kind)
     try:
-        operation = bulk.start(bulk_filter, expected=form.cleaned_data["expected"],
-                               filter_hash=form.cleaned_data["filter_hash"], actor=request.user)
+        # A second submission of the same confirmation shows the operation the first started.
+        operation, _ = bulk.start_confirmed(
+            confirmed, expected=form.cleaned_data["expected"],
+            filter_hash=form.cleaned_data["filter_hash"], actor=request.user)
     except bulk.StalePreview as stale:
         context = _preview_context(queue, stale.fresh) | {"stale": True}
         return render_page(request, "queues/_bulk_preview.html", context, status=409)
