@@ -35,7 +35,7 @@ def test_every_route_is_described_with_its_method(document):
         route = str(pattern.pattern).removeprefix("^").removesuffix("$")
         route = "/" + re.sub(r"<(?:\w+:)?(\w+)>|\(\?P<(\w+)>[^)]*\)",
                              lambda m: "{" + (m.group(1) or m.group(2)) + "}", route)
-        if route == "/openapi.json":
+        if route in ("/openapi.json", "/{path}"):  # the document itself; the JSON 404 of the rest
             continue
         route = route.replace("{item_id}", "{id}")
         routes.update((route, method.lower()) for method in pattern.callback.allowed_methods)

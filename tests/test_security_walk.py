@@ -28,7 +28,8 @@ LOGIN = "/accounts/login/"
 class Rule:
     """kind: "page" (GET, read), "action" (POST, mutation), "self" (GET page and POST of the
     user's own settings), or an exception kind: "public", "login", "logout", "token_api",
-    "stream" (an EventSource: 401 instead of a login redirect). role: the lowest role allowed."""
+    "stream" (an EventSource: 401 instead of a login redirect), "not_found" (the API's JSON
+    404 for any other path). role: the lowest role allowed."""
 
     kind: str
     role: str | None = VIEWER
@@ -87,6 +88,7 @@ RULES = {
     "queues_api:enqueue": Rule("token_api", None),
     "queues_api:item": Rule("token_api", None, {"item_id": "$item"}),
     "queues_api:openapi": Rule("public", None),
+    "queues_api:not-found": Rule("not_found", None, {"path": "nope"}),
     "queues_api:bulk-preview": Rule("token_api", None),
     "queues_api:bulk-start": Rule("token_api", None),
     "queues_api:bulk": Rule("token_api", None, {"pk": "$bulk"}),
@@ -97,7 +99,7 @@ RULES = {
 }
 # Django's admin site checks the Admin role itself (queues.admin_site) for every URL it makes.
 NAMESPACE_RULES = {"admin": Rule("admin_site", ADMIN)}
-EXCEPTION_KINDS = {"public", "login", "logout", "token_api"}
+EXCEPTION_KINDS = {"public", "login", "logout", "token_api", "not_found"}
 # The spec's exceptions: login, logout, the bearer-token API under /api/v1/, health, metrics.
 SPEC_EXCEPTIONS = {"login", "logout", "healthz", "metrics"}
 SAMPLE_KWARGS = {"key": "q"}
@@ -283,6 +285,12 @@ def test_url_follows_its_rule(name, namespace, kwarg_names, sample, clients):
     elif rule.kind == "public":
         response = anonymous.get(url)
         expect(response.status_code == 200, "anonymous GET -> 200", response)
+    elif rule.kind == "not_found":
+        for client, who in ((anonymous, "anonymous"), (clients[ADMIN, True], "Admin session")):
+            for method in ("get", "post"):
+                response = getattr(client, method)(url)
+                expect(response.status_code == 404 and response["Content-Type"] ==
+                       "application/json", f"{who} {method.upper()} -> JSON 404", response)
     else:
         pytest.fail(f"unknown rule kind {rule.kind}")
     assert not problems, f"{name} ({url}): {problems}"

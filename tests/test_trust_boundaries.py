@@ -122,3 +122,12 @@ def test_the_api_refuses_null_where_the_schema_says_integer(client, queue):
     assert response.status_code == 422
     assert "priority" in response.json()["error"]["fields"]
     assert not Item.objects.exists()
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE"])
+@pytest.mark.parametrize("path", ["/api/v1/nope", "/api/v1/queues/emails/items/", "/api/v1/"])
+def test_unknown_api_paths_answer_a_json_404(client, method, path):
+    response = client.generic(method, path)
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["error"]["code"] == "not_found"

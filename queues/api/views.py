@@ -519,6 +519,13 @@ def global_pause(request, action):
 
 
 @csrf_exempt
+def not_found(request, path=""):
+    """Any other path under the API: a JSON 404, as a client reading JSON expects."""
+    return error_response(ApiError(404, "not_found", "there is no such API endpoint; see "
+                                                     "openapi.json"))
+
+
+@csrf_exempt
 def openapi(request):
     """The API's description; public like any API reference, and it reads no data."""
     if request.method != "GET":
