@@ -208,9 +208,12 @@ def load(environ: os._Environ | dict | None = None) -> Config:
 
     secret_key = environ.get("SECRET_KEY", "").strip()
     if production:
-        if len(secret_key) < 50 or len(set(secret_key)) < 5:
+        # Django's own deploy check (W009) asks for the same: long, varied, not a template's.
+        if (len(secret_key) < 50 or len(set(secret_key)) < 16
+                or secret_key.startswith("django-insecure-")):
             raise ConfigError(
-                "SECRET_KEY is required in production: at least 50 random characters "
+                "SECRET_KEY is required in production: at least 50 random characters, 16 of "
+                "them distinct, not a 'django-insecure-' key "
                 "(python -c 'import secrets; print(secrets.token_urlsafe(50))')."
             )
     elif not secret_key:
@@ -218,6 +221,8 @@ def load(environ: os._Environ | dict | None = None) -> Config:
 
     hosts_raw = environ.get("ALLOWED_HOSTS", "" if production else "localhost,127.0.0.1,[::1]")
     allowed_hosts = [host.strip() for host in hosts_raw.split(",") if host.strip()]
+    if production and "*" in allowed_hosts:
+        raise ConfigError("ALLOWED_HOSTS=* is refused in production: list the site's host names.")
     if production and not allowed_hosts:
         raise ConfigError("ALLOWED_HOSTS is required in production (comma-separated host names).")
 

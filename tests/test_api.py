@@ -282,11 +282,12 @@ def test_a_revoked_token_gets_401(post, secret):
     assert nothing_written()
 
 
-def test_a_token_outside_its_scope_gets_403(post, queue):
+def test_a_queue_outside_the_tokens_scope_answers_like_one_that_does_not_exist(post, queue):
     QueueFactory(key="billing")
-    response = post(item(), key="billing")
-    assert response.status_code == 403
-    assert error_of(response)["code"] == "forbidden"
+    outside = post(item(), key="billing")
+    missing = post(item(), key="nowhere")
+    assert outside.status_code == missing.status_code == 404
+    assert error_of(outside) == {**error_of(missing), "message": "there is no queue 'billing'"}
     assert nothing_written()
 
 
@@ -387,10 +388,13 @@ def test_item_detail_is_404_for_unknown_and_absurd_ids(client, secret):
         assert error_of(response)["code"] == "not_found"
 
 
-def test_item_detail_outside_the_token_scope_is_403(client, secret):
+def test_an_item_outside_the_tokens_scope_answers_like_one_that_does_not_exist(client, secret):
     [other] = enqueued(QueueFactory(key="billing"))
-    response = client.get(f"/api/v1/items/{other.pk}", HTTP_AUTHORIZATION=f"Bearer {secret}")
-    assert response.status_code == 403
+    outside = client.get(f"/api/v1/items/{other.pk}", HTTP_AUTHORIZATION=f"Bearer {secret}")
+    missing = client.get(f"/api/v1/items/{other.pk + 1000}",
+                         HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert outside.status_code == missing.status_code == 404
+    assert error_of(outside)["code"] == error_of(missing)["code"] == "not_found"
 
 
 def test_queue_list_shows_only_scoped_queues_with_counts(client, queue, secret):

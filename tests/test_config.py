@@ -44,6 +44,14 @@ def test_production_requires_a_strong_secret_key():
         load(**(PRODUCTION | {"SECRET_KEY": None}))
     with pytest.raises(ConfigError, match="SECRET_KEY"):
         load(**(PRODUCTION | {"SECRET_KEY": "short"}))
+    for weak in ("ab" * 30, "django-insecure-" + STRONG_KEY):
+        with pytest.raises(ConfigError, match="SECRET_KEY"):
+            load(**(PRODUCTION | {"SECRET_KEY": weak}))
+
+
+def test_production_refuses_any_host():
+    with pytest.raises(ConfigError, match="ALLOWED_HOSTS=\\* is refused"):
+        load(**(PRODUCTION | {"ALLOWED_HOSTS": "queues.example.com,*"}))
 
 
 def test_production_requires_allowed_hosts():

@@ -40,3 +40,12 @@ def test_viewer_sees_masked_values_on_the_item_page(role_client, item):
 def test_operators_and_admins_see_the_whole_payload(role_client, item, role):
     html = role_client(role).get(f"/items/{item.pk}/").content.decode()
     assert "hunter2-secret" in html and "k-123456" in html and MASK not in html
+
+
+@pytest.mark.parametrize("key", ["db_password", "apiKey", "API-KEY", "X-Auth-Token",
+                                 "clientSecret", "Authorization", "user.password_hash"])
+def test_sensitive_keys_are_matched_by_meaning_not_exact_name(key):
+    masked = mask_payload({key: "s3cr3t", "note": {"nested_apiKey": "k"}, "name": "ada"},
+                          ["password", "secret", "token", "api_key", "authorization"])
+    assert masked[key] == MASK and masked["note"]["nested_apiKey"] == MASK
+    assert masked["name"] == "ada"

@@ -103,11 +103,11 @@ def _authenticate(request):
 
 
 def _queue_for(token, key: str) -> Queue:
+    # A queue outside the token's scope answers as one that does not exist, so that keys
+    # cannot be enumerated with a token for another queue.
     queue = Queue.objects.filter(key=key).first()
-    if queue is None:
+    if queue is None or not tokens.allows(token, queue.pk):
         raise ApiError(404, "unknown_queue", f"there is no queue {key!r}", {"queue": "unknown"})
-    if not tokens.allows(token, queue.pk):
-        raise ApiError(403, "forbidden", f"this token may not use queue {key!r}")
     return queue
 
 
@@ -298,10 +298,8 @@ def item_detail(request, item_id):
     item = None
     if item_id <= MAX_BIGINT:
         item = Item.objects.select_related("queue").filter(pk=item_id).first()
-    if item is None:
+    if item is None or not tokens.allows(request.token, item.queue_id):
         raise ApiError(404, "not_found", f"there is no item {item_id}")
-    if not tokens.allows(request.token, item.queue_id):
-        raise ApiError(403, "forbidden", f"this token may not read queue {item.queue.key!r}")
     return json_response(item_json(item, item.queue, timezone.now()))
 
 
@@ -462,10 +460,8 @@ def _operation_for(token, pk: int) -> BulkOperation:
     operation = None
     if pk <= MAX_BIGINT:  # beyond bigint PostgreSQL would raise instead of finding nothing
         operation = BulkOperation.objects.select_related("queue").filter(pk=pk).first()
-    if operation is None:
+    if operation is None or not tokens.allows(token, operation.queue_id):
         raise ApiError(404, "not_found", f"there is no bulk operation {pk}")
-    if not tokens.allows(token, operation.queue_id):
-        raise ApiError(403, "forbidden", "this token may not use that queue")
     return operation
 
 
