@@ -65,6 +65,10 @@ def default_backoff():
     return list(DEFAULT_BACKOFF_SECONDS)
 
 
+def default_token_scopes():
+    return ["enqueue"]
+
+
 def default_sensitive_keys():
     return ["password", "secret", "token", "api_key", "authorization"]
 
@@ -477,6 +481,10 @@ class ApiToken(models.Model):
     prefix = models.CharField(max_length=12)
     all_queues = models.BooleanField(default=False)
     queues = models.ManyToManyField(Queue, blank=True, related_name="+")
+    # What the token may do on its queues (queues.engine.tokens.SCOPES); new tokens enqueue only.
+    scopes = models.JSONField(default=default_token_scopes)
+    # Tokens made before scopes existed were given enqueue and operate: an Admin should confirm.
+    needs_review = models.BooleanField(default=False)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
         related_name="+",

@@ -411,7 +411,7 @@ def test_queue_list_shows_only_scoped_queues_with_counts(client, queue, secret):
 
 def test_queue_list_of_an_all_queues_token_shows_every_queue(client, queue):
     QueueFactory(key="billing")
-    secret = tokens.create("ops", all_queues=True)[1]
+    secret = tokens.create("ops", all_queues=True, scopes=tokens.SCOPES)[1]
     response = client.get("/api/v1/queues", HTTP_AUTHORIZATION=f"Bearer {secret}")
     assert [row["key"] for row in response.json()["queues"]] == ["billing", "emails"]
 

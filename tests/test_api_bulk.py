@@ -27,7 +27,7 @@ def document(client):
 
 @pytest.fixture
 def call(client, queue):
-    secret = tokens.create("ops-bot", queue_keys=["emails"])[1]
+    secret = tokens.create("ops-bot", queue_keys=["emails"], scopes=tokens.SCOPES)[1]
 
     def call(method, path, body=None, *, token=secret):
         data = json.dumps(body).encode() if body is not None else b""
@@ -126,7 +126,7 @@ def test_bulk_outside_the_tokens_scope_answers_404_like_nothing_there(call, queu
     response = call("POST", "/queues/billing/bulk/preview",
                     {"kind": "retry", "statuses": ["failed"], **week()})
     assert response.status_code == 404
-    admin_secret = tokens.create("all", all_queues=True)[1]
+    admin_secret = tokens.create("all", all_queues=True, scopes=tokens.SCOPES)[1]
     preview = call("POST", "/queues/billing/bulk/preview",
                    {"kind": "retry", "statuses": ["failed"], **week()}, token=admin_secret)
     operation = call("POST", "/queues/billing/bulk", preview.json()["confirmation"],
@@ -152,7 +152,7 @@ def test_pausing_everything_needs_a_token_for_all_queues(call, queue, document):
     refused = call("POST", "/pause-all")
     assert refused.status_code == 403
     assert not GlobalPause.objects.exists()
-    secret = tokens.create("ops", all_queues=True)[1]
+    secret = tokens.create("ops", all_queues=True, scopes=tokens.SCOPES)[1]
     response = call("POST", "/pause-all", token=secret)
     check(document, "/{action}-all", "post", response)
     assert response.json()["paused"] is True
@@ -234,3 +234,42 @@ def test_a_confirmation_expires_after_15_minutes(call, queue, document, monkeypa
     assert response.status_code == 410
     check(document, "/queues/{key}/bulk", "post", response)
     assert not BulkOperation.objects.exists()
+
+
+def test_a_token_acts_only_within_its_scopes(client, queue):
+    items_in_status(queue, "failed", 2)
+
+    def call_with(scopes, method, path, body=None):
+        secret = tokens.create(f"t-{'-'.join(scopes)}", queue_keys=["emails"], scopes=scopes)[1]
+        return client.generic(method, f"/api/v1{path}", json.dumps(body or {}).encode(),
+                              content_type="application/json",
+                              HTTP_AUTHORIZATION=f"Bearer {secret}")
+
+    retry = {"kind": "retry", "statuses": ["failed"], **week()}
+    purge = {"kind": "purge", **week()}
+    assert call_with(["enqueue"], "POST", "/queues/emails/bulk/preview", retry).status_code == 403
+    assert call_with(["enqueue"], "POST", "/queues/emails/pause").status_code == 403
+    assert call_with(["operate"], "POST", "/queues/emails/bulk/preview", retry).status_code == 200
+    assert call_with(["operate"], "POST", "/queues/emails/bulk/preview", purge).status_code == 403
+    assert call_with(["purge"], "POST", "/queues/emails/bulk/preview", purge).status_code == 200
+    assert call_with(["operate"], "POST", "/queues/emails/items",
+                     {"account": "a", "identifier": "x"}).status_code == 403
+    assert not BulkOperation.objects.exists() and not Queue.objects.get(key="emails").paused
+
+
+def test_tokens_made_before_scopes_keep_enqueue_and_operate_and_are_flagged():
+    import importlib
+
+    from django.apps import apps
+
+    token, _ = tokens.create("old", all_queues=True, scopes=tokens.SCOPES)
+    migration = importlib.import_module("queues.migrations.0014_token_scopes")
+    migration.existing_tokens_enqueue_and_operate(apps, None)
+    token.refresh_from_db()
+    assert (token.scopes, token.needs_review) == (["enqueue", "operate"], True)
+
+
+def test_new_tokens_enqueue_only_unless_given_more():
+    assert tokens.create("new", all_queues=True)[0].scopes == ["enqueue"]
+    with pytest.raises(tokens.TokenError):
+        tokens.create("bad", all_queues=True, scopes=["everything"])

@@ -158,7 +158,7 @@ def sample():
     bulk = BulkOperation.objects.create(
         queue=queue, kind="retry", actor_name="walker", filter={}, filter_hash="0" * 64,
         expected=0, created_at=timezone.now())  # running, so that stopping it changes it
-    token, _ = tokens.create("walker", all_queues=True)
+    token, _ = tokens.create("walker", all_queues=True, scopes=tokens.SCOPES)
     return {"$item": item.pk, "$bulk": bulk.pk, "$token": token.pk}
 
 

@@ -48,9 +48,10 @@ def _body(schema_name: str) -> dict:
 
 COMMON_ERRORS = {
     "401": _error("No token, or an unknown or revoked token."),
-    "403": _error("The token may not do this (pausing every queue needs a token for all "
-                  "queues). A queue, item or operation outside the token's queues answers 404, "
-                  "exactly like one that does not exist."),
+    "403": _error("The token's scopes do not include this action (enqueue; operate: bulk "
+                  "retry, cancel, replay, pause; purge), or pausing every queue without a token "
+                  "for all queues. A queue, item or operation outside the token's queues answers "
+                  "404, exactly like one that does not exist."),
     "405": _error("Method not allowed."),
     "503": _error("The database is unavailable; retry after the Retry-After seconds."),
 }

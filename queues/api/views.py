@@ -102,6 +102,17 @@ def _authenticate(request):
     return token
 
 
+def _require(token, scope: str):
+    if not tokens.may(token, scope):
+        raise ApiError(403, "forbidden", f"this token's scopes ({', '.join(token.scopes)}) do not "
+                                         f"include {scope}")
+
+
+def _bulk_scope(kind) -> str:
+    """Purging deletes for good and has its own scope; the other bulk kinds operate."""
+    return tokens.PURGE if kind == BulkOperation.Kind.PURGE else tokens.OPERATE
+
+
 def _queue_for(token, key: str) -> Queue:
     # A queue outside the token's scope answers as one that does not exist, so that keys
     # cannot be enumerated with a token for another queue.
@@ -261,6 +272,7 @@ def item_json(item: Item, queue: Queue, now: datetime, next_runs: dict | None = 
 @api_view("POST")
 def enqueue(request, key):
     queue = _queue_for(request.token, key)
+    _require(request.token, tokens.ENQUEUE)
     now = timezone.now()
     items, batch = _parse_items(_read_json(request), now)
     try:
@@ -427,7 +439,9 @@ def operation_json(operation: BulkOperation) -> dict:
 @api_view("POST")
 def bulk_preview(request, key):
     queue = _queue_for(request.token, key)
-    return json_response(_preview_json(bulk.preview(_bulk_filter(queue, _read_json(request)))))
+    bulk_filter = _bulk_filter(queue, _read_json(request))
+    _require(request.token, _bulk_scope(bulk_filter.kind))
+    return json_response(_preview_json(bulk.preview(bulk_filter)))
 
 
 @api_view("POST")
@@ -442,6 +456,7 @@ def bulk_start(request, key):
         confirmed = bulk.from_confirmation(document["frozen"])
         if confirmed.filter.queue_id != queue.pk:
             raise bulk.BulkError("the confirmation is for another queue", {"frozen": "queue"})
+        _require(request.token, _bulk_scope(confirmed.filter.kind))
         operation, started = bulk.start_confirmed(
             confirmed, expected=document["expected"], filter_hash=document["filter_hash"],
             actor=request.token)
@@ -473,6 +488,7 @@ def bulk_detail(request, pk):
 @api_view("POST")
 def bulk_stop(request, pk):
     operation = _operation_for(request.token, pk)
+    _require(request.token, _bulk_scope(operation.kind))
     bulk.stop(operation, actor=request.token)
     operation.refresh_from_db()
     return json_response(operation_json(operation))
@@ -486,6 +502,7 @@ def _pause_json(target) -> dict:
 @api_view("POST")
 def queue_pause(request, key, action):
     queue = _queue_for(request.token, key)
+    _require(request.token, tokens.OPERATE)
     pausing.set_queue_paused(queue, action == "pause", actor=request.token)
     return json_response({"queue": queue.key, **_pause_json(queue)})
 
@@ -493,6 +510,7 @@ def queue_pause(request, key, action):
 @api_view("POST")
 def account_pause(request, key, action):
     queue = _queue_for(request.token, key)
+    _require(request.token, tokens.OPERATE)
     document = _object(_read_json(request), {"account"})
     account = document.get("account")
     if not isinstance(account, str) or not account.strip() or len(account) > MAX_ACCOUNT_LENGTH:
@@ -510,6 +528,7 @@ def global_pause(request, action):
     # Every queue at once: only a token that may use every queue.
     if not request.token.all_queues:
         raise ApiError(403, "forbidden", "pausing every queue needs a token for all queues")
+    _require(request.token, tokens.OPERATE)
     pausing.set_global_paused(action == "pause", actor=request.token)
     return json_response(_pause_json(pausing.global_pause()))
 

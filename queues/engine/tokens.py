@@ -12,6 +12,10 @@ from django.utils import timezone
 from queues.engine import audit
 from queues.models import ApiToken, Queue
 
+# What a token may do: enqueue (and read items and queues), operate (bulk retry, cancel and
+# replay; pause and resume), purge (delete failed items for good). A token holds the least it needs.
+ENQUEUE, OPERATE, PURGE = "enqueue", "operate", "purge"
+SCOPES = (ENQUEUE, OPERATE, PURGE)
 TOKEN_PREFIX = "qa_"  # noqa: S105 (a marker that lets secret scanners spot leaked tokens)
 # last_used_at is written at most this often per token, so a busy producer does not turn every
 # request into a write on one hot row.
@@ -27,9 +31,14 @@ def digest(secret: str) -> str:
 
 
 @transaction.atomic
-def create(name: str, *, queue_keys=(), all_queues=False, actor="command") -> tuple[ApiToken, str]:
+def create(name: str, *, queue_keys=(), all_queues=False, scopes=(ENQUEUE,),
+           actor="command") -> tuple[ApiToken, str]:
     """Create a token; returns it and its secret, which is not stored and cannot be shown again."""
     name = name.strip()
+    given = set(scopes)
+    if not given or given - set(SCOPES):
+        raise TokenError(f"give a token one or more scopes of: {', '.join(SCOPES)}")
+    scopes = [scope for scope in SCOPES if scope in given]
     if not name or len(name) > 100:
         raise TokenError("a token needs a name of 1-100 characters")
     queue_keys = sorted(set(queue_keys))
@@ -42,10 +51,10 @@ def create(name: str, *, queue_keys=(), all_queues=False, actor="command") -> tu
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     user = actor if getattr(actor, "is_authenticated", False) else None
     token = ApiToken.objects.create(name=name, digest=digest(secret), prefix=secret[:10],
-                                    all_queues=all_queues, created_by=user)
+                                    all_queues=all_queues, created_by=user, scopes=scopes)
     token.queues.set(queues)
     audit.record(actor, "token.create", target=f"token {token.pk} {token.name}",
-                 filter={"queues": "*" if all_queues else queue_keys})
+                 filter={"queues": "*" if all_queues else queue_keys, "scopes": scopes})
     return token, secret
 
 
@@ -75,6 +84,10 @@ def authenticate(secret: str) -> ApiToken | None:
         ).update(last_used_at=now)
         token.last_used_at = now
     return token
+
+
+def may(token: ApiToken, scope: str) -> bool:
+    return scope in token.scopes
 
 
 def allows(token: ApiToken, queue_id: int) -> bool:

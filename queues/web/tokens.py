@@ -22,11 +22,18 @@ class TokenForm(forms.Form):
     queues = forms.ModelMultipleChoiceField(
         queryset=Queue.objects.order_by("key"), to_field_name="key", required=False,
         widget=forms.CheckboxSelectMultiple, label="Or only these queues")
+    scopes = forms.MultipleChoiceField(
+        choices=[(tokens.ENQUEUE, "Enqueue and read"),
+                 (tokens.OPERATE, "Operate: bulk retry, cancel and replay; pause and resume"),
+                 (tokens.PURGE, "Purge: delete failed items for good")],
+        initial=[tokens.ENQUEUE], required=False, widget=forms.CheckboxSelectMultiple,
+        label="May")
 
     def clean(self):
         data = super().clean()
         if data.get("all_queues") == bool(data.get("queues")):
             raise forms.ValidationError("Choose every queue or some queues (not both).")
+        data["scopes"] = data.get("scopes") or [tokens.ENQUEUE]  # the least, when none chosen
         return data
 
 
@@ -53,7 +60,7 @@ def token_create(request):
     data = form.cleaned_data
     token, secret = tokens.create(
         data["name"], queue_keys=[queue.key for queue in data["queues"]],
-        all_queues=data["all_queues"], actor=request.user)
+        all_queues=data["all_queues"], scopes=data["scopes"], actor=request.user)
     return render_page(request, "queues/token_created.html", {"token": token, "secret": secret},
                        status=201)
 
