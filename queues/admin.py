@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
+from django.urls import reverse
+from django.utils.html import format_html
 
 from queues.engine import audit
 from queues.models import AccountPolicy, DeadLetter, Item, Queue
@@ -45,17 +47,23 @@ def _queue_key(obj) -> str:
     return queue.key if queue is not None else ""
 
 
-class AccountPolicyInline(admin.TabularInline):
-    model = AccountPolicy
-    extra = 0
-
-
 @admin.register(Queue)
 class QueueAdmin(AuditedAdmin):
     list_display = ("key", "name", "handler", "batch_size", "concurrency", "max_retries", "paused")
     list_filter = ("paused", "handler")
     search_fields = ("key", "name")
-    inlines = [AccountPolicyInline]
+    # Account policies have their own paginated, searchable list: inlined, a queue with
+    # thousands of them made a page of thousands of fields that could not be saved.
+    readonly_fields = ("account_policies",)
+
+    @admin.display(description="Account policies")
+    def account_policies(self, queue):
+        if queue.pk is None:
+            return "Save the queue first."
+        url = reverse(f"{self.admin_site.name}:queues_accountpolicy_changelist")
+        count = AccountPolicy.objects.filter(queue=queue).count()
+        return format_html('<a href="{}?queue__id__exact={}">{} account polic{} on this queue</a>',
+                           url, queue.pk, count, "y" if count == 1 else "ies")
 
 
 @admin.register(AccountPolicy)
@@ -63,6 +71,8 @@ class AccountPolicyAdmin(AuditedAdmin):
     list_display = ("queue", "account", "weight", "max_in_flight", "paused")
     list_filter = ("queue", "paused")
     search_fields = ("account",)
+    list_select_related = ("queue",)
+    list_per_page = 50
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -130,3 +130,10 @@ def test_a_pause_from_htmx_says_what_it_did_and_refreshes_the_page(role_client):
     events = json.loads(response["HX-Trigger"])
     assert "queueadmin:changed" in events
     assert events["queueadmin:toast"]["message"].startswith("Queue emails paused")
+
+
+@pytest.mark.parametrize("target", ["javascript:alert(1)", "//evil.example/x", "https://evil.example/"])
+def test_a_hostile_next_falls_back_to_the_queue_page(role_client, target):
+    QueueFactory(key="emails")
+    response = role_client("Operator").post("/queues/emails/pause/", {"next": target})
+    assert (response.status_code, response["Location"]) == (302, "/queues/emails/")

@@ -131,3 +131,19 @@ def test_unknown_api_paths_answer_a_json_404(client, method, path):
     assert response.status_code == 404
     assert response["Content-Type"] == "application/json"
     assert response.json()["error"]["code"] == "not_found"
+
+
+def test_the_queue_settings_page_stays_small_with_thousands_of_account_policies(role_client,
+                                                                                 queue):
+    from queues.models import AccountPolicy
+
+    AccountPolicy.objects.bulk_create(AccountPolicy(queue=queue, account=f"acct-{n}", paused=True)
+                                      for n in range(2000))
+    admin = role_client("Admin")
+    page = admin.get(f"/django-admin/queues/queue/{queue.pk}/change/")
+    html = page.content.decode()
+    assert page.status_code == 200 and len(html) < 100_000
+    assert "2000 account policies on this queue" in html
+    listing = admin.get(f"/django-admin/queues/accountpolicy/?queue__id__exact={queue.pk}")
+    rows = listing.content.decode().count('name="_selected_action"')
+    assert (listing.status_code, rows) == (200, 50)
