@@ -147,3 +147,23 @@ def test_the_queue_settings_page_stays_small_with_thousands_of_account_policies(
     listing = admin.get(f"/django-admin/queues/accountpolicy/?queue__id__exact={queue.pk}")
     rows = listing.content.decode().count('name="_selected_action"')
     assert (listing.status_code, rows) == (200, 50)
+
+
+@pytest.mark.parametrize(("number", "accepted"), [
+    ("0.1", True), ("1.10", True), ("2.5e-3", True), ("-0.0", True), ("1e300", True),
+    ("0.1000000000000000055511151231257827", False), ("123456789.123456789", False),
+    ("1e-400", False)])
+def test_payload_numbers_are_stored_exactly_or_refused_naming_their_path(client, queue, number,
+                                                                        accepted):
+    secret = tokens.create("p", queue_keys=["emails"])[1]
+    body = ('{"account": "acme", "identifier": "x", "payload": {"order": {"amount": '
+            + number + "}}}").encode()
+    response = client.generic("POST", "/api/v1/queues/emails/items", body,
+                              content_type="application/json",
+                              HTTP_AUTHORIZATION=f"Bearer {secret}")
+    if accepted:
+        assert response.status_code == 201
+    else:
+        assert response.status_code == 400
+        assert "payload.order.amount" in response.json()["error"]["fields"]
+        assert not Item.objects.exists()

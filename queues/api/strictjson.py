@@ -7,6 +7,7 @@ NUL characters. Each of those is refused here with the path of the offending val
 
 import json
 import math
+from decimal import Decimal
 
 # JavaScript and many JSON libraries lose precision above 2**53; refuse rather than round.
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -29,10 +30,21 @@ def _parse_int(text: str) -> int:
     return int(text)
 
 
+class _Rounded(float):
+    """A number a float cannot hold exactly; refused by check_values, which knows its path."""
+
+    text: str
+
+
 def _parse_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
         raise JSONBodyError(f"number {text[:20]} is out of range")
+    # Stored as given or refused: 0.10000000000000000555 would silently read back as 0.1.
+    if len(text) > 100 or Decimal(text) != Decimal(repr(value)):
+        rounded = _Rounded(value)
+        rounded.text = text[:40]
+        return rounded
     return value
 
 
@@ -84,6 +96,9 @@ def check_values(document, path: str = ""):
                                 where or "body")
         if isinstance(value, str):
             _check_string(value, where)
+        elif isinstance(value, _Rounded):
+            raise JSONBodyError(f"number {value.text} cannot be stored exactly; it would read "
+                                f"back as {float(value)!r}", where or "body")
         elif isinstance(value, dict):
             for key, child in value.items():
                 child_path = f"{where}.{key}" if where else str(key)
