@@ -67,15 +67,6 @@ class QueueFilterForm(forms.Form):
         ("waiting", "Longest waiting")])
 
 
-def clean_payload_field(text: str) -> PayloadCondition | None:
-    if not text.strip():
-        return None
-    try:
-        return payloads.parse(text)
-    except payloads.PayloadFilterError as error:
-        raise forms.ValidationError(str(error).capitalize() + ".") from None
-
-
 def natural_list_clock(statuses) -> str:
     """A list of ended items ranges over when they ended; any other list over when its items
     were enqueued (the time every item has)."""
@@ -84,9 +75,10 @@ def natural_list_clock(statuses) -> str:
     return "enqueued"
 
 
-class ItemFilterForm(TimeRangeForm):
-    status = forms.MultipleChoiceField(required=False, choices=Status.choices,
-                                       widget=forms.CheckboxSelectMultiple)
+class ItemFilters(forms.Form):
+    """The filters an item list and a bulk operation share, so that "all N matching" carries
+    every one of them."""
+
     account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
     identifier = forms.CharField(required=False, max_length=MAX_IDENTIFIER_LENGTH,
                                  label="Identifier starts with")
@@ -94,15 +86,26 @@ class ItemFilterForm(TimeRangeForm):
     group = forms.CharField(required=False, max_length=MESSAGE_LIMIT, label="Error group")
     payload = forms.CharField(required=False, max_length=300, label="Payload field",
                               help_text="path = value, e.g. customer.id = 42")
+
+    def clean_payload(self) -> PayloadCondition | None:
+        text = self.cleaned_data["payload"]
+        if not text.strip():
+            return None
+        try:
+            return payloads.parse(text)
+        except payloads.PayloadFilterError as error:
+            raise forms.ValidationError(str(error).capitalize() + ".") from None
+
+
+class ItemFilterForm(TimeRangeForm, ItemFilters):
+    status = forms.MultipleChoiceField(required=False, choices=Status.choices,
+                                       widget=forms.CheckboxSelectMultiple)
     period = forms.ChoiceField(required=False, label="Time", choices=[
         ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
         ("custom", "From / to")])
     clock = forms.ChoiceField(required=False, label="Range over", choices=[
         ("", "Finished for ended items, else enqueued"), *CLOCK_CHOICES])
     before = forms.CharField(required=False, max_length=60, widget=forms.HiddenInput)
-
-    def clean_payload(self):
-        return clean_payload_field(self.cleaned_data["payload"])
 
     def clean_before(self):
         raw = self.cleaned_data["before"]
@@ -179,7 +182,7 @@ class TimeZoneForm(forms.Form):
     time_zone = forms.ChoiceField(choices=_time_zone_choices, label="Time zone")
 
 
-class BulkForm(TimeRangeForm):
+class BulkForm(TimeRangeForm, ItemFilters):
     """What to change: the action, a time range (a preset becomes absolute times when the
     preview is made), statuses, and optional account, error text and dead-letter reason; or a
     selection of items (`ids`), which needs neither statuses nor a range."""
@@ -194,18 +197,8 @@ class BulkForm(TimeRangeForm):
         ("custom", "From / to"), ("all", "Any time")])
     clock = forms.ChoiceField(required=False, label="Range over", choices=[
         ("", "When it failed (retry) / was enqueued (cancel)"), *CLOCK_CHOICES])
-    account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
-    identifier = forms.CharField(required=False, max_length=MAX_IDENTIFIER_LENGTH,
-                                 label="Identifier starts with")
-    error = forms.CharField(required=False, max_length=200, label="Error contains")
-    group = forms.CharField(required=False, max_length=MESSAGE_LIMIT, label="Error group")
-    payload = forms.CharField(required=False, max_length=300, label="Payload field",
-                              help_text="path = value, e.g. customer.id = 42")
     reason = forms.ChoiceField(required=False, label="Dead-letter reason",
                                choices=DEAD_LETTER_REASONS)
-
-    def clean_payload(self):
-        return clean_payload_field(self.cleaned_data["payload"])
 
     def clean(self):
         data = super().clean()
