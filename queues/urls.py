@@ -1,7 +1,7 @@
 from django.urls import path, re_path
 
 from queues.ops import health
-from queues.web import audit, bulk, pages, pause, stream, tokens
+from queues.web import audit, bulk, pages, pause, stream, tenants, tokens
 
 app_name = "queues"
 
@@ -41,6 +41,9 @@ urlpatterns = [
     path("dead-letters/", pages.dead_letters, name="dead_letters"),
     path("preferences/", pages.preferences, name="preferences"),
     path("tokens/", tokens.token_list, name="tokens"),
+    path("tenant/", tenants.tenant_data, name="tenant_data"),
+    path("tenant/export/", tenants.tenant_export, name="tenant_export"),
+    path("tenant/erase/", tenants.tenant_erase, name="tenant_erase"),
     path("tokens/create/", tokens.token_create, name="token_create"),
     path("tokens/<int:pk>/revoke/", tokens.token_revoke, name="token_revoke"),
 ]

@@ -79,6 +79,9 @@ RULES = {
     "queues:dead_letters": page(),
     "queues:preferences": Rule("self"),
     "queues:tokens": page(ADMIN),
+    "queues:tenant_data": page(ADMIN, query="?account=acme"),
+    "queues:tenant_export": page(ADMIN, query="?account=acme"),
+    "queues:tenant_erase": action(ADMIN, data={"account": "nobody"}),
     "queues:token_create": action(ADMIN, data={"name": "walk", "all_queues": "on"}),
     "queues:token_revoke": action(ADMIN, pk="$token"),
     # Exceptions listed by the spec, and only these.

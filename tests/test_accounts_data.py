@@ -1,0 +1,73 @@
+"""One tenant's data on every queue: counts, export, erasure (a privacy request)."""
+
+import json
+
+import pytest
+from django.core.management import call_command
+
+from queues.engine import accounts, counters
+from queues.models import Attempt, AuditEntry, DeadLetter, Item, ItemEvent, Status
+from tests.factories import QueueFactory, items_in_status
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def tenant():
+    emails, billing = QueueFactory(key="emails"), QueueFactory(key="billing")
+    items_in_status(emails, "failed", 2, account="acme")
+    items_in_status(emails, "queued", 2, account="acme")
+    items_in_status(billing, "complete", 1, account="acme")
+    items_in_status(billing, "running", 1, account="acme")
+    items_in_status(emails, "failed", 1, account="other")
+    return emails, billing
+
+
+def test_the_footprint_counts_the_account_on_every_queue(tenant):
+    found = accounts.footprint("acme")
+    assert found["items in total"] == 6 and found["items permanent failure"] == 2
+    assert found["dead letters"] == 2 and found["events"] > 6
+
+
+def test_the_export_holds_every_item_and_its_history(tenant):
+    lines = [json.loads(line) for line in accounts.export_lines("acme")]
+    kinds = [line["kind"] for line in lines]
+    assert kinds.count("item") == 6 and kinds.count("dead letter") == 2
+    assert kinds.count("attempt") == Attempt.objects.filter(item__account="acme").count()
+    assert {line["account"] for line in lines if line["kind"] == "item"} == {"acme"}
+
+
+def test_erasure_takes_everything_but_running_items_and_keeps_the_counters_true(tenant):
+    erased = accounts.erase("acme", actor="admin")
+    assert erased["items"] == 5 and erased["running, left to finish"] == 1
+    assert list(Item.objects.filter(account="acme").values_list("status", flat=True)) == [
+        Status.RUNNING]
+    assert not DeadLetter.objects.filter(account="acme").exists()
+    assert Item.objects.filter(account="other").count() == 1
+    counts = counters.status_counts()
+    for queue_id, by_status in counts.items():
+        for status, n in by_status.items():
+            assert n == Item.objects.filter(queue_id=queue_id, status=status).count()
+    assert AuditEntry.objects.get(action="account.erase").target == "account acme"
+    assert ItemEvent.objects.filter(account="acme").count() == ItemEvent.objects.filter(
+        item_id__in=Item.objects.filter(account="acme").values("id")).count()
+
+
+def test_admins_see_export_and_erase_an_account_from_the_dashboard(role_client, tenant):
+    admin = role_client("Admin")
+    page = admin.get("/tenant/", {"account": "acme"}).content.decode()
+    assert "Items in total" in page and "Erase all of it for good" in page
+    export = admin.get("/tenant/export/", {"account": "acme"})
+    assert export["Content-Disposition"] == 'attachment; filename="acme.jsonl"'
+    assert sum(1 for _ in export.streaming_content) > 6
+    erased = admin.post("/tenant/erase/", {"account": "acme"})
+    assert erased.status_code == 200 and "Erased" in erased.content.decode()
+    assert AuditEntry.objects.filter(action__in=["account.export", "account.erase"]).count() == 2
+    assert role_client("Operator").get("/tenant/", {"account": "acme"}).status_code == 403
+
+
+def test_the_command_exports_and_erases(tenant, capsys):
+    call_command("account_data", "acme", "--export")
+    assert capsys.readouterr().out.count('"kind": "item"') == 6
+    call_command("account_data", "acme", "--erase", "--yes")
+    assert Item.objects.filter(account="acme").count() == 1
