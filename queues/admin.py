@@ -68,7 +68,7 @@ class QueueAdmin(AuditedAdmin):
 
 @admin.register(AccountPolicy)
 class AccountPolicyAdmin(AuditedAdmin):
-    list_display = ("queue", "account", "weight", "max_in_flight", "paused")
+    list_display = ("queue", "account", "weight", "max_in_flight", "max_ready", "paused")
     list_filter = ("queue", "paused")
     search_fields = ("account",)
     list_select_related = ("queue",)

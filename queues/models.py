@@ -126,6 +126,12 @@ class Queue(models.Model):
     retention_days = models.PositiveIntegerField(default=60, validators=[MinValueValidator(1)])
     alert_dead_letters = models.PositiveIntegerField(default=100)
     alert_depth = models.PositiveIntegerField(default=10_000)
+    # Most ready (queued and retry) items the queue holds: beyond it an enqueue answers 429, so
+    # one producer cannot fill the database. Generous by default; per account see AccountPolicy.
+    max_ready = models.PositiveIntegerField(default=10_000_000,
+                                            help_text="Most queued and retry items at once.")
+    refused_over_limit = models.PositiveBigIntegerField(
+        default=0, editable=False, help_text="Enqueue calls refused at a ready-item limit.")
     alert_failures_per_hour = models.PositiveIntegerField(default=50)
     paused = models.BooleanField(default=False, help_text="Drain mode: the selector skips it.")
     paused_by = models.CharField(max_length=150, blank=True)
@@ -165,6 +171,8 @@ class AccountPolicy(models.Model):
     paused = models.BooleanField(default=False)
     paused_by = models.CharField(max_length=150, blank=True)
     paused_at = models.DateTimeField(null=True, blank=True)
+    # Most ready items of this account on this queue (none: only the queue's limit applies).
+    max_ready = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "account policies"

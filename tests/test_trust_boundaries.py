@@ -167,3 +167,36 @@ def test_payload_numbers_are_stored_exactly_or_refused_naming_their_path(client,
         assert response.status_code == 400
         assert "payload.order.amount" in response.json()["error"]["fields"]
         assert not Item.objects.exists()
+
+
+def test_a_queue_at_its_ready_limit_refuses_more_with_429_and_counts_it(client, queue):
+    from queues.models import Queue
+
+    queue.max_ready = 3
+    queue.save()
+    enqueue("emails", account="acme", identifier="a")
+    secret = tokens.create("p", queue_keys=["emails"])[1]
+    batch = {"items": [{"account": "acme", "identifier": f"b{n}"} for n in range(3)]}
+    response = client.post("/api/v1/queues/emails/items", batch,
+                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert (response.status_code, response["Retry-After"]) == (429, "60")
+    assert response.json()["error"]["fields"] == {"queue": "at its ready limit"}
+    assert Item.objects.count() == 1
+    assert Queue.objects.get(pk=queue.pk).refused_over_limit == 1
+    # Sending an existing item again adds nothing, so it passes even at the limit.
+    enqueue("emails", account="acme", identifier="b0")
+    enqueue("emails", account="acme", identifier="b1")
+    assert enqueue("emails", account="acme", identifier="b1").created is False
+
+
+def test_an_account_with_a_ready_limit_is_held_to_it(queue):
+    from queues.models import AccountPolicy
+
+    AccountPolicy.objects.create(queue=queue, account="noisy", max_ready=2)
+    enqueue("emails", account="noisy", identifier="n1")
+    enqueue("emails", account="noisy", identifier="n2")
+    with pytest.raises(lifecycle.OverLimit) as refused:
+        enqueue("emails", account="noisy", identifier="n3")
+    assert refused.value.fields == {"account": "at its ready limit"}
+    enqueue("emails", account="quiet", identifier="q1")  # other tenants go on
+    assert Item.objects.filter(account="noisy").count() == 2

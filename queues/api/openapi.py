@@ -160,6 +160,9 @@ def document(server: str = "/api/v1") -> dict:
                                   "surrogates, or nesting deeper than 32 levels."),
                     "404": _error("Unknown queue."),
                     "409": _error("A live item holds the identifier with a different payload."),
+                    "429": _error("The queue (Queue.max_ready), or the account on it "
+                                  "(its policy's max_ready), holds its most ready items; "
+                                  "nothing was written. Retry after Retry-After seconds."),
                     "413": _error("Body over "
                                   f"{limits['API_MAX_BODY_BYTES']} bytes."),
                     "415": _error("Content-Type is not application/json."),

@@ -59,6 +59,8 @@ def error_response(error: ApiError) -> HttpResponse:
         response["WWW-Authenticate"] = 'Bearer realm="queueadmin"'
     elif error.status == 503:
         response["Retry-After"] = "5"
+    elif error.status == 429:
+        response["Retry-After"] = str(error.extra.get("retry_after", 60))
     return response
 
 
@@ -280,6 +282,9 @@ def enqueue(request, key):
     except lifecycle.IdentifierConflict as exc:
         raise ApiError(409, "identifier_conflict", exc.message, exc.fields,
                        item_id=exc.existing_id) from None
+    except lifecycle.OverLimit as exc:
+        raise ApiError(429, "over_limit", exc.message, exc.fields,
+                       retry_after=exc.retry_after) from None
     except lifecycle.UnknownQueue:  # deleted between the scope check and the insert
         raise ApiError(404, "unknown_queue", f"there is no queue {key!r}",
                        {"queue": "unknown"}) from None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from queues.engine import counters
@@ -33,7 +34,9 @@ from queues.models import (
     MAX_ACCOUNT_LENGTH,
     MAX_IDENTIFIER_LENGTH,
     PRINTABLE_TEXT,
+    READY_STATUSES,
     TIME_BOUNDS_TEXT,
+    AccountPolicy,
     Attempt,
     CounterDelta,
     DeadLetter,
@@ -120,6 +123,13 @@ class EnqueueError(LifecycleError, ValueError):
 
 class UnknownQueue(EnqueueError):
     code = "unknown_queue"
+
+
+class OverLimit(EnqueueError):
+    """The queue, or the account on it, holds its most ready items: try again later."""
+
+    code = "over_limit"
+    retry_after = 60
 
 
 class IdentifierConflict(EnqueueError):
@@ -263,9 +273,42 @@ def enqueue_many(queue_key: str, items: Iterable[Mapping], *, actor: str = "pyth
     # wait on the other's uncommitted insert (a deadlock on PostgreSQL).
     unique_rows = sorted(firsts.values(), key=lambda row: row["identifier"])
 
+    _check_ready_limits(queue, unique_rows)
     with transaction.atomic():
         by_identifier = _insert_or_find(queue, unique_rows, now, actor)
     return [by_identifier[row["identifier"]] for row in rows]
+
+
+def _check_ready_limits(queue: Queue, rows: list[dict]):
+    """Refuse a batch that would take the queue, or an account with a limit of its own, past
+    its most ready items. Only new identifiers count (a producer's retry of a batch it sent adds
+    nothing); the queue's figure comes from the counters, an account's is counted in the ready
+    index up to its limit. A check, not a lock: concurrent batches may pass it together."""
+    live = set(Item.objects.filter(queue=queue, status__in=LIVE_STATUSES, identifier__in=[
+        row["identifier"] for row in rows]).values_list("identifier", flat=True))
+    new = [row for row in rows if row["identifier"] not in live]
+    if not new:
+        return
+    counts = counters.status_counts([queue.pk])[queue.pk]
+    ready = max(0, counts[Status.QUEUED]) + max(0, counts[Status.RETRY])
+    if ready + len(new) > queue.max_ready:
+        _refuse(queue, f"queue {queue.key} holds {ready:,} ready items and takes at most "
+                       f"{queue.max_ready:,}; try again later", {"queue": "at its ready limit"})
+    per_account = Counter(row["account"] for row in new)
+    limits = AccountPolicy.objects.filter(queue=queue, account__in=list(per_account),
+                                          max_ready__isnull=False)
+    for account, limit in limits.values_list("account", "max_ready"):
+        held = Item.objects.filter(queue=queue, account=account, status__in=READY_STATUSES
+                                   ).values("id")[:limit + 1].count()
+        if held + per_account[account] > limit:
+            _refuse(queue, f"account {account} holds {held:,} ready items on {queue.key} and "
+                           f"takes at most {limit:,}; try again later",
+                    {"account": "at its ready limit"})
+
+
+def _refuse(queue: Queue, message: str, fields: dict):
+    Queue.objects.filter(pk=queue.pk).update(refused_over_limit=F("refused_over_limit") + 1)
+    raise OverLimit(message, fields)
 
 
 def _insert_or_find(queue: Queue, rows: list[dict], now: datetime, actor: str) -> dict[str, Item]:

@@ -18,7 +18,7 @@ from django.db.models import Count
 from django.http import HttpResponse
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from queues.conf import setting
 from queues.engine import counters, heartbeat
@@ -84,11 +84,22 @@ class QueueAdminCollector:
         now = timezone.now()
         keys = dict(Queue.objects.values_list("pk", "key"))
         yield from self._items(keys, now)
+        yield from self._refused(keys)
         yield from self._selector(keys, now)
         yield from self._outcomes(keys, now)
         yield from self._sweeper(now)
         yield from self._bulk()
         yield from self._clusters(now)
+
+    def _refused(self, keys: dict[int, str]):
+        refused = CounterMetricFamily(
+            "queueadmin_enqueue_refused_over_limit",
+            "Enqueue calls refused because a queue or account held its most ready items.",
+            labels=["queue"])
+        for queue_id, n in Queue.objects.filter(pk__in=list(keys)).values_list(
+                "pk", "refused_over_limit"):
+            refused.add_metric([keys[queue_id]], n)
+        yield refused
 
     def _items(self, keys: dict[int, str], now: datetime):
         items = GaugeMetricFamily("queueadmin_items", "Items per queue and status (counters).",
