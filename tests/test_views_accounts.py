@@ -2,6 +2,7 @@
 
 import pytest
 
+from queues import enqueue
 from queues.engine import selector
 from queues.models import SelectorState
 from queues.web import queries
@@ -43,3 +44,15 @@ def test_accounts_are_paged_by_key(role_client, monkeypatch):
     assert [r.account for r in first.rows] == ["a", "b"] and first.next_after == "b"
     second = client.get("/queues/emails/accounts/?after=b").context["page"]
     assert [r.account for r in second.rows] == ["c"] and second.next_after == ""
+
+
+def test_an_account_at_its_ready_limit_is_shown(role_client):
+    from queues.models import AccountPolicy
+
+    queue = QueueFactory(key="limits")
+    AccountPolicy.objects.create(queue=queue, account="noisy", max_ready=2)
+    enqueue("limits", account="noisy", identifier="n1")
+    enqueue("limits", account="noisy", identifier="n2")
+    enqueue("limits", account="quiet", identifier="q1")
+    html = role_client("Viewer").get("/queues/limits/accounts/").content.decode()
+    assert html.count("At ready limit") == 1

@@ -352,6 +352,8 @@ class AccountRow:
     max_in_flight: int | None = None
     paused: bool = False
     at_cap: bool = False
+    max_ready: int | None = None
+    at_ready_limit: bool = False  # its enqueues are refused (429) until its backlog shrinks
 
 
 @dataclass
@@ -384,6 +386,8 @@ def accounts_page(queue: Queue, after: str, now: datetime) -> AccountsPage:
         row.weight, row.max_in_flight, row.paused = (policy.weight, policy.max_in_flight,
                                                      policy.paused)
         row.at_cap = policy.max_in_flight is not None and row.in_flight >= policy.max_in_flight
+        row.max_ready = policy.max_ready
+        row.at_ready_limit = policy.max_ready is not None and row.backlog >= policy.max_ready
     served, rounds = recent_service(queue)
     total = sum(served.values())
     for row in rows.values():
