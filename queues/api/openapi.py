@@ -48,6 +48,8 @@ def _body(schema_name: str) -> dict:
 
 COMMON_ERRORS = {
     "401": _error("No token, or an unknown or revoked token."),
+    "404": _error("No such queue, item or operation for this token, or a path the API does "
+                  "not have (a JSON 404, never an HTML page)."),
     "403": _error("The token's scopes do not include this action (enqueue; operate: bulk "
                   "retry, cancel, replay, pause; purge), or pausing every queue without a token "
                   "for all queues. A queue, item or operation outside the token's queues answers "

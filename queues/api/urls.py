@@ -21,5 +21,5 @@ urlpatterns = [
     re_path(r"^(?P<action>pause|resume)-all$", views.global_pause, name="global-pause"),
     path("openapi.json", views.openapi, name="openapi"),
     # Last: anything else under the API answers a JSON 404, never the site's HTML page.
-    re_path(r"^(?P<path>.*)$", views.not_found, name="not-found"),
+    re_path(r"^(?P<path>[\s\S]*)$", views.not_found, name="not-found"),  # newlines too
 ]
