@@ -283,21 +283,30 @@ def _check_ready_limits(queue: Queue, rows: list[dict]):
     """Refuse a batch that would take the queue, or an account with a limit of its own, past
     its most ready items. Only new identifiers count (a producer's retry of a batch it sent adds
     nothing); the queue's figure comes from the counters, an account's is counted in the ready
-    index up to its limit. A check, not a lock: concurrent batches may pass it together."""
+    index up to its limit. A check, not a lock: concurrent batches may pass it together.
+
+    The whole batch is an upper bound of what it adds, so the live identifiers of the batch are
+    looked up only when that bound would pass a limit: a batch far below every limit costs two
+    short queries."""
+    counts = counters.status_counts([queue.pk])[queue.pk]
+    ready = max(0, counts[Status.QUEUED]) + max(0, counts[Status.RETRY])
+    limits = dict(AccountPolicy.objects.filter(
+        queue=queue, account__in={row["account"] for row in rows}, max_ready__isnull=False
+    ).values_list("account", "max_ready"))
+    if ready + len(rows) <= queue.max_ready and not limits:
+        return
     live = set(Item.objects.filter(queue=queue, status__in=LIVE_STATUSES, identifier__in=[
         row["identifier"] for row in rows]).values_list("identifier", flat=True))
     new = [row for row in rows if row["identifier"] not in live]
     if not new:
         return
-    counts = counters.status_counts([queue.pk])[queue.pk]
-    ready = max(0, counts[Status.QUEUED]) + max(0, counts[Status.RETRY])
     if ready + len(new) > queue.max_ready:
         _refuse(queue, f"queue {queue.key} holds {ready:,} ready items and takes at most "
                        f"{queue.max_ready:,}; try again later", {"queue": "at its ready limit"})
     per_account = Counter(row["account"] for row in new)
-    limits = AccountPolicy.objects.filter(queue=queue, account__in=list(per_account),
-                                          max_ready__isnull=False)
-    for account, limit in limits.values_list("account", "max_ready"):
+    for account, limit in limits.items():
+        if not per_account[account]:
+            continue
         held = Item.objects.filter(queue=queue, account=account, status__in=READY_STATUSES
                                    ).values("id")[:limit + 1].count()
         if held + per_account[account] > limit:
