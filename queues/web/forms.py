@@ -165,6 +165,12 @@ class SearchForm(forms.Form):
     q = forms.CharField(max_length=MAX_IDENTIFIER_LENGTH, label="Identifier")
 
 
+class AccountForm(forms.Form):
+    """One tenant account: an account to pause or resume, or whose data to show."""
+
+    account = forms.CharField(max_length=MAX_ACCOUNT_LENGTH, label="Account")
+
+
 class AccountsForm(forms.Form):
     after = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH,
                             widget=forms.HiddenInput)

@@ -1,20 +1,16 @@
 """Pause and resume buttons: per queue, per account of a queue, and for every queue. Each
 answers htmx with the updated control and an event that refreshes counts and badges."""
 
-from django import forms
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from queues.engine import pausing
-from queues.models import MAX_ACCOUNT_LENGTH, Queue
+from queues.models import Queue
 from queues.permissions import operator_required, render_page
 from queues.web import feedback
-
-
-class AccountForm(forms.Form):
-    account = forms.CharField(max_length=MAX_ACCOUNT_LENGTH)
+from queues.web.forms import AccountForm
 
 
 def _answer(request, template: str, context: dict, fallback: str, said: str):

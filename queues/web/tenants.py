@@ -1,18 +1,13 @@
 """One tenant's data, for Admins: what there is on every queue, all of it as a download, and
 its erasure (queues.engine.accounts does the work and writes the audit entries)."""
 
-from django import forms
 from django.http import StreamingHttpResponse
 from django.utils.text import slugify
 from django.views.decorators.http import require_GET, require_POST
 
 from queues.engine import accounts, audit
-from queues.models import MAX_ACCOUNT_LENGTH
 from queues.permissions import admin_required, render_page
-
-
-class AccountForm(forms.Form):
-    account = forms.CharField(max_length=MAX_ACCOUNT_LENGTH, label="Account")
+from queues.web.forms import AccountForm
 
 
 @require_GET
