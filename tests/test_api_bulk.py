@@ -273,3 +273,11 @@ def test_new_tokens_enqueue_only_unless_given_more():
     assert tokens.create("new", all_queues=True)[0].scopes == ["enqueue"]
     with pytest.raises(tokens.TokenError):
         tokens.create("bad", all_queues=True, scopes=["everything"])
+
+
+def test_a_selection_with_a_time_range_is_refused_not_half_read(call, queue):
+    [item] = items_in_status(queue, "failed", 1)
+    response = call("POST", "/queues/emails/bulk/preview", {
+        "kind": "retry", "ids": [item.pk], "created_to": "2024-01-01T12:99:00Z"})
+    assert response.status_code == 422
+    assert "created_to" in response.json()["error"]["fields"]

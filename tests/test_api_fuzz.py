@@ -46,7 +46,10 @@ def test_the_api_holds_to_its_openapi_document_under_fuzzing(tmp_path):
              "-H", f"Authorization: Bearer {secret}", "--checks", "all",
              "--exclude-checks", "positive_data_acceptance", "--seed", SEED,
              "--max-examples", EXAMPLES, "--workers", "1", "--no-color"],
-            capture_output=True, text=True, timeout=180, env=os.environ | {"NO_COLOR": "1"})
+            capture_output=True, text=True, timeout=180, env=os.environ | {"NO_COLOR": "1"},
+            # A fresh directory each run: schemathesis keeps a cache of past crashes in its
+            # working directory and would replay them, so runs would differ.
+            cwd=tmp_path)
     finally:
         if web is not None:
             processes.stop([web])

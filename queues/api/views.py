@@ -403,6 +403,9 @@ def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
         statuses = []
     clock = _text(document, "clock", fields)
     if ids:
+        # A selection is not chosen by time: a range beside it would be dropped, so refuse it.
+        for name in sorted({"from", "to", "created_from", "created_to", "clock"} & set(document)):
+            fields[name] = "a selection of ids takes no time range"
         statuses = statuses or list(Status.values)
         start, end = bulk.selection_range(timezone.now())
     else:
