@@ -57,6 +57,7 @@ class Config:
     metrics_token: str
     metrics_allowed_networks: list
     log_format: str
+    require_two_factor_for_admins: bool
 
     @property
     def is_production(self) -> bool:
@@ -302,6 +303,11 @@ def load(environ: os._Environ | dict | None = None) -> Config:
             f"QUEUEADMIN_LOG_FORMAT={log_format!r} must be one of: {', '.join(LOG_FORMATS)}."
         )
 
+    # Production asks Admins, who can purge and manage users and tokens, for a second factor.
+    require_two_factor_for_admins = parse_bool(
+        "QUEUEADMIN_REQUIRE_TWO_FACTOR_FOR_ADMINS",
+        environ.get("QUEUEADMIN_REQUIRE_TWO_FACTOR_FOR_ADMINS", "true" if production else "false"))
+
     return Config(
         env=env,
         debug=debug,
@@ -322,4 +328,5 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         metrics_token=metrics_token,
         metrics_allowed_networks=metrics_allowed_networks,
         log_format=log_format,
+        require_two_factor_for_admins=require_two_factor_for_admins,
     )

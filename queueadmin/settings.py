@@ -25,6 +25,11 @@ INSTALLED_APPS = [
     "csp",
     "django_q",
     "axes",
+    # Two-factor login: TOTP authenticators and recovery codes. Before queues, whose admin
+    # module replaces django-otp's device admins with an audited reset.
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
     "queues",
     # Benchmarks, demo data and the demo producer: the standalone project's, not the app's.
     "queues.bench",
@@ -40,6 +45,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Marks the user verified when this session has given a second factor (user.is_verified()).
+    "django_otp.middleware.OTPMiddleware",
     "queues.web.middleware.UserTimeZoneMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -100,6 +107,8 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_HTTP_RESPONSE_CODE = 429
 AXES_CLIENT_IP_CALLABLE = "queues.web.security.client_ip"
 AXES_SENSITIVE_PARAMETERS = ["password"]
+# The issuer authenticator apps show beside the account name.
+OTP_TOTP_ISSUER = "QueueAdmin"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -169,6 +178,10 @@ Q_CLUSTER = q_cluster(
     timeout=CONFIG.q_timeout_seconds,
 )
 
+# Django's tasks framework (django.tasks; the django-tasks backport on Django 5.2): `@task`
+# functions enqueue as items of the queue their queue_name names, created on first use.
+TASKS = {"default": {"BACKEND": "queues.tasks_backend.QueueAdminBackend", "QUEUES": []}}
+
 QUEUEADMIN = {
     # Default stale threshold for new queues: a running item older than this is presumed lost.
     "STALE_THRESHOLD_SECONDS": CONFIG.stale_threshold_seconds,
@@ -190,6 +203,8 @@ QUEUEADMIN = {
     # /metrics: a bearer token, or scrapers from these networks (ipaddress networks).
     "METRICS_TOKEN": CONFIG.metrics_token,
     "METRICS_ALLOWED_NETWORKS": CONFIG.metrics_allowed_networks,
+    # Admins must enrol an authenticator before anything else (two-factor login).
+    "REQUIRE_TWO_FACTOR_FOR_ADMINS": CONFIG.require_two_factor_for_admins,
 }
 
 LOGGING = {

@@ -1,11 +1,13 @@
 from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
+from django.db.models import Exists, OuterRef
 from django.urls import reverse
 from django.utils.html import format_html
 
 from queues.engine import audit
 from queues.models import AccountPolicy, DeadLetter, Item, Queue
+from queues.permissions import two_factor_installed
 
 
 class AuditedAdmin(admin.ModelAdmin):
@@ -116,6 +118,11 @@ admin.site.unregister(Group)
 
 @admin.register(User)
 class AuditedUserAdmin(AuditedAdmin, UserAdmin):
+    """Also shows who has two-factor login on and lets an Admin reset it (the user then signs in
+    with the password alone and may set up a new authenticator), when django-otp is installed."""
+
+    actions = ["reset_two_factor"]
+
     def user_change_password(self, request, id, form_url=""):
         response = super().user_change_password(request, id, form_url)
         if request.method == "POST" and response.status_code == 302:
@@ -123,7 +130,53 @@ class AuditedUserAdmin(AuditedAdmin, UserAdmin):
             audit.record(request.user, "admin.password", target=target, counts={"rows": 1})
         return response
 
+    def get_queryset(self, request):
+        users = super().get_queryset(request)
+        if not two_factor_installed():
+            return users
+        from django_otp.plugins.otp_totp.models import TOTPDevice
+
+        return users.annotate(two_factor_on=Exists(
+            TOTPDevice.objects.filter(user=OuterRef("pk"), confirmed=True)))
+
+    def get_list_display(self, request):
+        shown = super().get_list_display(request)
+        return (*shown, "two_factor") if two_factor_installed() else shown
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        if not two_factor_installed():
+            actions.pop("reset_two_factor", None)
+        return actions
+
+    @admin.display(description="Two-factor login", boolean=True, ordering="two_factor_on")
+    def two_factor(self, user):
+        return user.two_factor_on
+
+    @admin.action(description="Reset two-factor login of the selected users",
+                  permissions=["change"])
+    def reset_two_factor(self, request, queryset):
+        from queues.engine import two_factor
+
+        users = [user for user in queryset if user.two_factor_on]
+        for user in users:
+            two_factor.remove(user, actor=request.user)
+        self.message_user(request, f"Two-factor login reset for {len(users)} user(s): they sign "
+                                   "in with their password and may set up a new authenticator.")
+
 
 @admin.register(Group)
 class AuditedGroupAdmin(AuditedAdmin, GroupAdmin):
     pass
+
+
+if two_factor_installed():
+    from django_otp.plugins.otp_static.models import StaticDevice
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    # Authenticator keys and recovery codes are for their owner's eyes only, and a second factor
+    # is removed only through the audited reset above; django-otp's device admins (registered
+    # by now when its apps come before queues in INSTALLED_APPS) would show and edit both.
+    for model in (TOTPDevice, StaticDevice):
+        if admin.site.is_registered(model):
+            admin.site.unregister(model)

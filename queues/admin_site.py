@@ -8,7 +8,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 
-from queues.permissions import can_administer
+from queues.permissions import can_administer, second_factor_due, second_factor_page
 
 
 class QueueAdminSite(admin.AdminSite):
@@ -24,6 +24,8 @@ class QueueAdminSite(admin.AdminSite):
     def login(self, request, extra_context=None):
         if self.has_permission(request):
             return redirect("admin:index")
+        if due := second_factor_due(request.user):
+            return second_factor_page(request, due)
         if request.user.is_authenticated:
             # Signed in without the Admin role: sending them to log in again would loop.
             raise PermissionDenied("Django's admin site needs the Admin role.")

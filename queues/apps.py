@@ -13,7 +13,7 @@ class QueuesConfig(AppConfig):
 
     def ready(self):
         from queues import checks  # noqa: F401  registers the system checks
-        from queues.engine import heartbeat, webhook  # noqa: F401  webhook registers its handler
+        from queues.engine import heartbeat, tasks, webhook  # noqa: F401  handlers register
         from queues.engine.schedules import ensure_schedules
         from queues.permissions import grant_admin_permissions
         from queues.web import middleware  # noqa: F401  connects the login signal

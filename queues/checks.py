@@ -3,7 +3,13 @@
 from django.conf import settings
 from django.core import checks
 
-from queues.conf import MIN_TASK_TIMEOUT_SECONDS, handler_timeout_error, stale_threshold_error
+from queues.conf import (
+    MIN_TASK_TIMEOUT_SECONDS,
+    handler_timeout_error,
+    setting,
+    stale_threshold_error,
+)
+from queues.permissions import TWO_FACTOR_APPS, two_factor_installed
 
 
 @checks.register()
@@ -82,4 +88,21 @@ def the_project_provides_what_the_app_uses(app_configs, **kwargs):
         problems.append(checks.Error(
             "'django.template.context_processors.request' must be among the template context "
             "processors: the dashboard's templates read the request.", id="queues.E008"))
+    return problems
+
+
+@checks.register()
+def two_factor_login_is_complete(app_configs, **kwargs):
+    """Without django-otp's middleware no session is ever verified, so every user with an
+    authenticator would be refused; without its apps no Admin could meet the requirement."""
+    problems = []
+    if setting("REQUIRE_TWO_FACTOR_FOR_ADMINS") and not two_factor_installed():
+        problems.append(checks.Error(
+            f"REQUIRE_TWO_FACTOR_FOR_ADMINS needs {', '.join(TWO_FACTOR_APPS)} in "
+            "INSTALLED_APPS.", id="queues.E009"))
+    if two_factor_installed() and "django_otp.middleware.OTPMiddleware" not in settings.MIDDLEWARE:
+        problems.append(checks.Error(
+            "'django_otp.middleware.OTPMiddleware' must be in MIDDLEWARE (after "
+            "AuthenticationMiddleware): two-factor login reads whether a session gave its code.",
+            id="queues.E010"))
     return problems

@@ -35,6 +35,9 @@ DEFAULTS = {
     # /metrics: a bearer token, or scrapers from these networks (ipaddress networks).
     "METRICS_TOKEN": "",
     "METRICS_ALLOWED_NETWORKS": ("127.0.0.0/8", "::1/128"),
+    # Admins without a confirmed authenticator are sent to set one up and may do nothing else
+    # (needs django-otp's TOTP and static apps and its OTPMiddleware).
+    "REQUIRE_TWO_FACTOR_FOR_ADMINS": False,
 }
 
 

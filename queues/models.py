@@ -30,6 +30,7 @@ FINISHED_STATUSES = (Status.COMPLETE, Status.FAILED, Status.CANCELLED)
 DEFAULT_BACKOFF_SECONDS = [120, 600, 1500, 2400, 2700]
 MAX_ACCOUNT_LENGTH = 200
 MAX_IDENTIFIER_LENGTH = 255
+MAX_TASK_PATH_LENGTH = 300
 # Every time taken from outside lies in [EARLIEST_TIME, LATEST_TIME): PostgreSQL stores years
 # that Python cannot read back (year 0, or 10000 after a time-zone shift), and a page that reads
 # such a row would fail for every user.
@@ -214,6 +215,10 @@ class Item(models.Model):
     # The worker cluster (host:pid, as in ClusterHeartbeat) whose batch claimed the dispatched
     # item: when that cluster stops beating, its items are rescued without waiting for timeouts.
     cluster = models.CharField(max_length=100, blank=True, default="", db_default="")
+    # The module path of the django.tasks task the item runs (queues.engine.tasks), written
+    # only by the tasks backend: the JSON API and queues.enqueue never accept it.
+    task_path = models.CharField(max_length=MAX_TASK_PATH_LENGTH, blank=True, default="",
+                                 db_default="")
 
     class Meta:
         constraints = [
@@ -407,6 +412,36 @@ class SelectorRound(models.Model):
         return f"round of queue {self.queue_id} at {self.started_at:%H:%M:%S}: {self.taken}"
 
 
+class AccountStat(models.Model):
+    """One account with ready items on one queue, as the last sweeper run found it: what the
+    accounts page orders by (backlog, oldest wait, share of service), because grouping every
+    ready item on each page view is too slow at scale. queues.engine.account_stats replaces a
+    queue's rows at once; the page shows live figures beside this order."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH)
+    backlog = models.PositiveIntegerField()  # queued and retry items
+    # The earliest not-before time among them: waiting since then, or (future) nothing due yet.
+    first_due = models.DateTimeField()
+    served = models.PositiveIntegerField()  # items dispatched in the recent selector rounds
+    refreshed_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "account"], name="accountstat_uniq")
+        ]
+        # One per order of the accounts page, walked by keyset; ties go by account.
+        indexes = [
+            models.Index(fields=["queue", "-backlog", "account"], name="accountstat_backlog_idx"),
+            models.Index(fields=["queue", "first_due", "account"], name="accountstat_wait_idx"),
+            models.Index(fields=["queue", "-served", "account"], name="accountstat_served_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.account} on queue {self.queue_id}: {self.backlog} ready"
+
+
 class SweepRun(models.Model):
     """One sweeper run and what it changed, empty runs included: the dashboard's liveness
     signal for the sweeper."""
@@ -532,12 +567,18 @@ class AuditEntry(models.Model):
 
 
 class UserPreference(models.Model):
-    """Per-user dashboard settings; the time zone is copied into the session at login so that
-    pages never read this table."""
+    """Per-user dashboard settings; the time zone and theme are copied into the session at login
+    so that pages never read this table."""
+
+    class Theme(models.TextChoices):
+        SYSTEM = "system", "Follow the system"
+        LIGHT = "light", "Light"
+        DARK = "dark", "Dark"
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                                 primary_key=True, related_name="queueadmin_preference")
     time_zone = models.CharField(max_length=64, default="UTC")
+    theme = models.CharField(max_length=6, choices=Theme.choices, default=Theme.SYSTEM)
 
     def __str__(self):
         return f"preferences of user {self.user_id}"
@@ -643,3 +684,92 @@ class ClusterHeartbeat(models.Model):
 
     def __str__(self):
         return f"cluster {self.cluster} at {self.beat_at:%H:%M:%S}"
+
+
+# --- metric history (queues.engine.history) ---------------------------------------------------
+
+# Upper bounds, in seconds, of the wait and run time histogram buckets: doubling from 1 ms to
+# about 18.6 hours, and a last bucket for anything longer. Any window's percentiles are read from
+# its summed buckets, so they are right to within one bucket (a factor of two).
+HISTOGRAM_BOUNDS = tuple(round(0.001 * 2 ** k, 3) for k in range(27))
+HISTOGRAM_BUCKETS = len(HISTOGRAM_BOUNDS) + 1
+HISTOGRAM_KINDS = ("wait", "run")
+
+
+def histogram_column(kind: str, bucket: int) -> str:
+    return f"{kind}_{bucket:02d}"
+
+
+class MetricPeriod(models.Model):
+    """What one period (a minute or an hour) held for a queue, or for one of the queue's top
+    accounts: items completed, failed for good, scheduled for retry and enqueued, the depth by
+    status at the period's end, and the wait and run times of the items that finished in it as
+    histograms (the columns wait_00... and run_00..., one per bucket of HISTOGRAM_BOUNDS)."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    account = models.CharField(max_length=MAX_ACCOUNT_LENGTH, blank=True)  # "": the whole queue
+    start = models.DateTimeField()
+    # Database defaults too: the rollup's INSERT ... SELECT names only the columns it fills.
+    completed = models.IntegerField(default=0, db_default=0)
+    failed = models.IntegerField(default=0, db_default=0)
+    retried = models.IntegerField(default=0, db_default=0)
+    enqueued = models.IntegerField(default=0, db_default=0)
+    # Sampled once a minute, for the whole queue only; an hour keeps its highest sample. Null
+    # where no sample was taken (the rollup was not running).
+    depth_queued = models.IntegerField(null=True, blank=True)
+    depth_retry = models.IntegerField(null=True, blank=True)
+    depth_dispatched = models.IntegerField(null=True, blank=True)
+    depth_running = models.IntegerField(null=True, blank=True)
+    depth_failed = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self):
+        return f"{self.account or 'queue'} {self.queue_id} at {self.start:%Y-%m-%d %H:%M}"
+
+
+for _kind in HISTOGRAM_KINDS:
+    for _bucket in range(HISTOGRAM_BUCKETS):
+        MetricPeriod.add_to_class(histogram_column(_kind, _bucket),
+                                  models.IntegerField(default=0, db_default=0))
+
+
+class MetricMinute(MetricPeriod):
+    """Kept for 48 hours."""
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "account", "start"],
+                                               name="metricminute_uniq")]
+        # Charts read one queue's rows by time (the unique index); rewrites and pruning take
+        # every queue's rows of a time range.
+        indexes = [models.Index(fields=["start"], name="metricminute_start_idx")]
+
+
+class MetricHour(MetricPeriod):
+    """Kept for 30 days."""
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "account", "start"],
+                                               name="metrichour_uniq")]
+        indexes = [models.Index(fields=["start"], name="metrichour_start_idx")]
+
+
+class HistoryRun(models.Model):
+    """One run of the history rollup and what it wrote. `last_event_id` is the newest item event
+    when the run began: every event that happens later has a higher id, so later runs read
+    events by id from a run's mark instead of scanning the event table by time."""
+
+    id = models.BigAutoField(primary_key=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    rolled_to = models.DateTimeField()  # the minutes before it are rolled up
+    last_event_id = models.BigIntegerField()
+    counts = models.JSONField(default=dict)  # {action: rows}
+
+    class Meta:
+        indexes = [models.Index(fields=["started_at"], name="historyrun_started_idx")]
+
+    def __str__(self):
+        return f"history run at {self.started_at:%Y-%m-%d %H:%M:%S}: {self.counts}"

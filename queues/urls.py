@@ -1,7 +1,7 @@
 from django.urls import path, re_path
 
 from queues.ops import health
-from queues.web import audit, bulk, pages, pause, stream, tenants, tokens
+from queues.web import audit, bulk, charts, pages, pause, stream, tenants, tokens
 
 app_name = "queues"
 
@@ -31,6 +31,14 @@ urlpatterns = [
             name="queue_export"),
     path("items/<int:pk>/", pages.item_detail, name="item_detail"),
     path("items/<int:pk>/<slug:action>/", pages.item_action, name="item_action"),
+    path("history/", charts.history_panel, name="history"),
+    path("queues/<str:key>/history/", charts.history_panel, name="queue_history"),
+    # One URL per chart, of every queue (queues:chart_throughput, ...) and of one
+    # (queues:queue_chart_throughput, ...), each answering htmx with its fragment.
+    *(path(f"history/{name}/", charts.chart, {"name": name}, name=f"chart_{name}")
+      for name in charts.CHARTS if name not in charts.QUEUE_ONLY),
+    *(path(f"queues/<str:key>/history/{name}/", charts.chart, {"name": name},
+           name=f"queue_chart_{name}") for name in charts.CHARTS),
     path("search/", pages.search, name="search"),
     path("activity/", pages.activity, name="activity"),
     path("activity/selector/", pages.run_selector, name="run_selector"),

@@ -35,18 +35,20 @@ def enqueued(queue, n=1, *, account="acme", prefix="item", **kwargs):
     )
 
 
-def items_in_status(queue, status, n=1, *, account="acme", prefix=None, payload=None):
+def items_in_status(queue, status, n=1, *, account="acme", prefix=None, payload=None,
+                    task_path=""):
     """`n` items brought to `status` through the lifecycle itself (enqueue, dispatch, start,
-    finish, cancel), so that their events, attempts and counters are what production writes."""
-    from queues import enqueue_many
+    finish, cancel), so that their events, attempts and counters are what production writes.
+    `task_path` makes them django.tasks items (on a queue running the task handler)."""
     from queues.engine import lifecycle
     from queues.models import Item, Status
 
     prefix = prefix or f"{status}-{next(_prefixes)}"
-    items = enqueue_many(
+    items = lifecycle.enqueue_many(
         queue.key,
         [{"account": account, "identifier": f"{prefix}-{i}",
           "payload": {"n": i} if payload is None else payload} for i in range(n)],
+        task_path=task_path,
     )
     ids = [item.pk for item in items]
     if status == Status.CANCELLED:
@@ -77,3 +79,22 @@ def item_in_status(queue, status, **kwargs):
 
 
 _prefixes = itertools.count()
+
+
+def run_one_round(queue_key: str) -> dict:
+    """One selector round of the queue and its batch run by a worker in this process; what the
+    batch did. The queue is paused while the batch runs: a running batch tops itself up through
+    rounds of its own, and callers count what one round took."""
+    from queues.engine import selector
+    from queues.engine.worker import run_batch
+    from queues.models import Item, Queue
+
+    queue = Queue.objects.get(key=queue_key)
+    result = selector.run_round(queue)
+    batch = [list(row) for row in Item.objects.filter(pk__in=result.item_ids).values_list(
+        "pk", "attempts", "dispatch_token")]
+    Queue.objects.filter(pk=queue.pk).update(paused=True)
+    try:
+        return run_batch(queue.pk, batch)
+    finally:
+        Queue.objects.filter(pk=queue.pk).update(paused=False)

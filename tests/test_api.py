@@ -5,6 +5,7 @@ import pytest
 from django.utils import timezone
 
 from queues.engine import lifecycle, tokens
+from queues.engine.handlers import TASK_HANDLER
 from queues.models import ApiToken, CounterDelta, Item, ItemEvent
 from tests.factories import QueueFactory, enqueued, items_in_status
 
@@ -182,6 +183,7 @@ BAD_ITEMS = [
     ("priority as a float", item(priority=1.5), "priority"),
     ("priority out of range", item(priority=40_000), "priority"),
     ("unknown field", item(queue="other"), "queue"),
+    ("a task path, which only django.tasks sets", item(task_path="os.system"), "task_path"),
     ("naive run_at", item(run_at="2026-01-01T09:00:00"), "run_at"),
     ("unparsable run_at", item(run_at="next tuesday"), "run_at"),
     ("run_at as a number", item(run_at=1767258000), "run_at"),
@@ -204,6 +206,15 @@ def test_it_refuses_invalid_items_with_422_naming_the_field(post, case, body, fi
     error = error_of(response)
     assert error["code"] == "invalid"
     assert field in error["fields"], error
+    assert nothing_written()
+
+
+def test_a_queue_of_django_tasks_refuses_api_items_with_422(post, queue):
+    queue.handler = TASK_HANDLER
+    queue.save()
+    response = post(item())
+    assert response.status_code == 422
+    assert error_of(response)["fields"] == {"queue": "runs django.tasks tasks only"}
     assert nothing_written()
 
 

@@ -172,14 +172,6 @@ def test_every_other_page_passes_axe(page_as, server, axe_source, path):
     check_accessibility(page, axe_source, path.strip("/").split("?")[0].replace("/", "-"))
 
 
-def test_phone_width_keeps_the_navigation_usable(page_as, axe_source):
-    page = page_as("viewer")
-    page.set_viewport_size({"width": 390, "height": 844})
-    page.reload()
-    playwright_sync.expect(page.get_by_role("link", name="Dead letters")).to_be_visible()
-    check_accessibility(page, axe_source, "overview-phone")
-
-
 def test_select_all_selects_the_page_then_offers_every_matching_item(page_as):
     page = page_as("operator")
     page.get_by_role("link", name="Emails").click()

@@ -8,6 +8,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from queues.engine import bulk, lifecycle, selector
+from queues.engine.handlers import TASK_HANDLER
 from queues.models import AuditEntry, BulkOperation, Item, ItemEvent, Status
 from tests.factories import QueueFactory, enqueued, items_in_status
 
@@ -359,6 +360,21 @@ def test_an_identifier_prefix_narrows_a_bulk_filter(queue):
     items_in_status(queue, "failed", 3, prefix="invoice")
     assert bulk.preview(a_filter(queue, "retry", ["failed"], identifier_prefix="order")
                         ).eligible == 2
+
+
+def test_a_task_narrows_a_bulk_filter():
+    queue = QueueFactory(key="jobs", handler=TASK_HANDLER)
+    items_in_status(queue, "failed", 2, prefix="charge", task_path="billing.tasks.charge")
+    items_in_status(queue, "failed", 3, prefix="refund", task_path="billing.tasks.refund")
+    bulk_filter = a_filter(queue, "retry", ["failed"], task=" billing.tasks.charge ")
+    assert bulk_filter.task == "billing.tasks.charge"
+    assert bulk.preview(bulk_filter).eligible == 2
+
+
+def test_an_operation_recorded_before_tasks_selects_every_item(queue):
+    data = a_filter(queue, "retry", ["failed"]).as_json()
+    del data["task"]
+    assert bulk.BulkFilter.from_json(data).task == ""
 
 
 def test_it_refuses_an_unknown_clock(queue):

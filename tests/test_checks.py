@@ -84,3 +84,18 @@ def test_the_recommended_django_q_settings_pass_the_queue_checks(settings):
     settings.Q_CLUSTER = q_cluster(timeout=200)
     assert checks.django_q_leaves_retries_to_queueadmin(None) == []
     assert checks.the_selector_loop_fits_in_the_task_timeout(None) == []
+
+
+def test_two_factor_login_is_complete_in_the_project_settings():
+    assert checks.two_factor_login_is_complete(None) == []
+
+
+def test_two_factor_login_without_the_otp_middleware_is_refused(settings):
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "django_otp" not in m]
+    assert [e.id for e in checks.two_factor_login_is_complete(None)] == ["queues.E010"]
+
+
+def test_requiring_two_factor_for_admins_without_django_otp_is_refused(settings, monkeypatch):
+    settings.QUEUEADMIN = {**settings.QUEUEADMIN, "REQUIRE_TWO_FACTOR_FOR_ADMINS": True}
+    monkeypatch.setattr(checks, "two_factor_installed", lambda: False)
+    assert [e.id for e in checks.two_factor_login_is_complete(None)] == ["queues.E009"]

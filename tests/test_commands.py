@@ -121,3 +121,20 @@ def test_the_producer_puts_a_seconds_worth_of_items_on_open_queues():
 def test_produce_refuses_to_run_without_queues():
     with pytest.raises(CommandError, match="run manage.py demo first"):
         run("produce", "--seconds", "0")
+
+
+def test_reset_two_factor_turns_it_off_for_a_user_and_is_audited():
+    from queues.engine import two_factor
+    from queues.models import AuditEntry
+    from tests.test_two_factor import code
+
+    user = get_user_model().objects.create_user("locked-out")
+    two_factor.confirm(user, code(two_factor.start(user)))
+    assert "reset for 'locked-out'" in run("reset_two_factor", "locked-out")
+    assert two_factor.authenticator(user) is None
+    entry = AuditEntry.objects.get(action="two_factor.reset")
+    assert (entry.actor_name, entry.target) == ("command:reset_two_factor", "user:locked-out")
+    with pytest.raises(CommandError, match="has no authenticator"):
+        run("reset_two_factor", "locked-out")
+    with pytest.raises(CommandError, match="no user named"):
+        run("reset_two_factor", "nobody")

@@ -71,6 +71,13 @@ def test_production_settings_load_when_complete():
     assert cfg.stale_threshold_seconds == 7200
 
 
+def test_admins_need_a_second_factor_in_production_unless_turned_off():
+    assert load(**PRODUCTION).require_two_factor_for_admins is True
+    assert load(**PRODUCTION, QUEUEADMIN_REQUIRE_TWO_FACTOR_FOR_ADMINS="false"
+                ).require_two_factor_for_admins is False
+    assert load().require_two_factor_for_admins is False
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
@@ -87,6 +94,8 @@ def test_production_settings_load_when_complete():
         ({"QUEUEADMIN_API_MAX_BODY_BYTES": "1mb"}, "QUEUEADMIN_API_MAX_BODY_BYTES='1mb'"),
         ({"QUEUEADMIN_API_MAX_PAYLOAD_BYTES": "10"}, "must be at least 64"),
         ({"QUEUEADMIN_API_MAX_DELAY_DAYS": "0"}, "QUEUEADMIN_API_MAX_DELAY_DAYS=0 must be"),
+        ({"QUEUEADMIN_REQUIRE_TWO_FACTOR_FOR_ADMINS": "sometimes"},
+         "QUEUEADMIN_REQUIRE_TWO_FACTOR_FOR_ADMINS='sometimes' is not a boolean"),
     ],
 )
 def test_it_refuses_bad_values_naming_the_variable(env, message):

@@ -29,6 +29,7 @@ from django_q.models import OrmQ, Schedule, Task
 from queues import enqueue_many
 from queues.bench import processes
 from queues.engine import selector, sweeper
+from queues.engine.schedules import SCHEDULES
 from queues.models import Attempt, Item, ItemEvent, Queue, Status, SweepRun
 from queues.ops.health import SELECTOR_SCHEDULE
 from tests.factories import QueueFactory
@@ -310,10 +311,6 @@ def test_postgresql_restart_api_answers_503_then_everything_recovers_without_a_r
 
 # --- 3. a frozen worker's late completion --------------------------------------------------------
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open finding (issue 17): in full PostgreSQL runs the rescued retries of a thawed cluster "
-    "stay unfinished past 90 s, even beside a healthy second cluster; run alone or with its "
-    "file, the drill passes in about 40 s. The late completions are refused in every run."))
 def test_a_worker_frozen_past_the_stale_threshold_has_its_late_completion_refused():
     items = 5
     queue = QueueFactory(key="drill", handler="demo", batch_size=items, concurrency=100,
@@ -341,8 +338,8 @@ def test_a_worker_frozen_past_the_stale_threshold_has_its_late_completion_refuse
         refused_late = items - Attempt.objects.filter(item__queue=queue, number=1,
                                                       outcome="complete").count()
         # A healthy cluster beside the thawed one, as in production: the retries must complete
-        # once, whichever cluster takes them (in full CI runs the thawed cluster alone has
-        # twice left them waiting past 90 s; alone the drill passes in 40 s).
+        # once, whichever cluster takes them. (The thawed batch itself may take a retry back
+        # while its attempt 1 still runs: both attempts are tracked apart.)
         second = processes.start_manage("qcluster")
         selector.run_round(queue)
         # 3 s of work each; the margin is for a loaded machine (CI shares two cores).
@@ -366,7 +363,8 @@ def test_a_worker_frozen_past_the_stale_threshold_has_its_late_completion_refuse
 def test_clusters_back_after_an_hour_down_run_each_schedule_once_not_once_per_missed_tick():
     QueueFactory(key="drill")
     hour_ago = timezone.now() - timedelta(hours=1)
-    assert Schedule.objects.filter(name__startswith="queueadmin:").update(next_run=hour_ago) == 2
+    assert Schedule.objects.filter(name__startswith="queueadmin:").update(
+        next_run=hour_ago) == len(SCHEDULES)
     cluster = processes.start_manage("qcluster")
     try:
         # django-q2's scheduler first runs about 30 s after the cluster starts.

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from queues import enqueue, enqueue_many
 from queues.engine import counters, lifecycle
+from queues.engine.handlers import TASK_HANDLER
 from queues.engine.lifecycle import EnqueueError, IdentifierConflict, UnknownQueue
 from queues.models import CounterDelta, Item, ItemEvent, Status
 from tests.factories import QueueFactory, item_in_status
@@ -229,6 +230,7 @@ def test_an_unknown_queue_is_refused(queue):
         ({"payload": {"x": float("nan")}}, "payload"),
         ({"payload": [float("inf")]}, "payload"),
         ({"colour": "blue"}, "colour"),
+        ({"task_path": "os.system"}, "task_path"),  # set by the django.tasks backend only
     ],
     ids=lambda v: repr(v)[:40] if isinstance(v, dict) else v,
 )
@@ -242,6 +244,30 @@ def test_an_invalid_item_fails_the_whole_batch_naming_the_field(queue, overrides
     assert field in str(excinfo.value)
     assert excinfo.value.code == "invalid"
     assert written() == (0, 0, 0)
+
+
+def test_a_queue_of_django_tasks_takes_only_tasks(queue):
+    queue.handler = TASK_HANDLER
+    queue.save()
+    with pytest.raises(EnqueueError, match="enqueue them with Task.enqueue") as excinfo:
+        enqueue("emails", **good())
+    assert excinfo.value.fields == {"queue": "runs django.tasks tasks only"}
+    item = lifecycle.enqueue_many("emails", [good()], task_path="billing.tasks.charge")[0]
+    item.refresh_from_db()
+    assert item.task_path == "billing.tasks.charge"
+
+
+def test_a_queue_running_another_handler_takes_no_tasks(queue):
+    with pytest.raises(EnqueueError, match="runs handler 'noop'") as excinfo:
+        lifecycle.enqueue_many("emails", [good()], task_path="billing.tasks.charge")
+    assert excinfo.value.fields == {"queue": "does not run django.tasks tasks"}
+    assert written() == (0, 0, 0)
+
+
+def test_items_of_other_handlers_have_no_task(queue):
+    item = enqueue("emails", **good())
+    item.refresh_from_db()
+    assert item.task_path == ""
 
 
 def test_a_missing_field_is_named(queue):

@@ -2,11 +2,13 @@
 
 From the outside, with nothing of this repository on the path: the wheel built from the
 repository is installed (with uvicorn) into a fresh virtualenv, and the host project in
-examples/hostproject/ (its own settings, users, login page and a `billing` app with a handler)
-runs on a throwaway PostgreSQL database. A real `manage.py qcluster` runs the host's handler for
-items of two tenants and stops on SIGTERM; uvicorn serves the dashboard under /ops/queues/ and the
-JSON API under /ops/api/, and headless Chromium signs in through the host's login page, follows
-the dashboard's links, watches the live stream receive an event and runs a bulk retry, with every
+examples/hostproject/ (its own settings, users, login page and a `billing` app with a handler
+and two django.tasks tasks, one async) runs on a throwaway PostgreSQL database. A real
+`manage.py qcluster` runs the host's handler for items of two tenants and its tasks enqueued for
+two tenants through Django's tasks framework (read back with get_result()), and stops on
+SIGTERM; uvicorn serves the dashboard under /ops/queues/ and the JSON API under /ops/api/, and
+headless Chromium signs in through the host's login page, follows the dashboard's links, watches
+the live stream receive an event, runs a bulk retry and reads a task's item page, with every
 link and request staying under the prefix (or on the host's static, login and admin paths).
 
 Slow (about a minute: a wheel build, a pip install, child processes): one module, run once per
@@ -56,6 +58,13 @@ EXPECTED_STATUSES = {"inv-acme-1": "complete", "inv-globex-1": "complete",
 NOT_SOURCES = {".git", ".venv", "var", "build", "dist", "examples", "tests", "docs",
                ".hypothesis", ".pytest_cache", ".ruff_cache", "node_modules"}
 WAIT_MS = 30_000
+TASK_QUEUE = "billing-tasks"
+# Enqueued through django.tasks inside the host: (name, tenant, task, arguments, keywords).
+TASKS = [
+    ("acme-invoice", "acme", "send_invoice", ["inv-acme-7"], {"amount": 120}),
+    ("globex-rates", "globex", "refresh_rates", ["EUR"], {}),
+    ("globex-empty-invoice", "globex", "send_invoice", ["inv-globex-0"], {"amount": 0}),
+]
 MAX_CRAWL_PAGES = 60
 
 
@@ -203,6 +212,36 @@ class Host:
             f"    queues.enqueue({QUEUE!r}, account=account, identifier=identifier,"
             " payload=payload)\n")
 
+    def enqueue_tasks(self) -> dict[str, str]:
+        """TASKS enqueued through Django's tasks framework inside the host, each inside a
+        tenant() block; name -> TaskResult id."""
+        return json.loads(self.shell(
+            "import json\n"
+            "from billing import tasks\n"
+            "from queues.tasks_backend import tenant\n"
+            "ids = {}\n"
+            f"for name, account, task, args, kwargs in {TASKS!r}:\n"
+            "    with tenant(account):\n"
+            "        ids[name] = getattr(tasks, task).enqueue(*args, **kwargs).id\n"
+            "print(json.dumps(ids))\n"))
+
+    def task_results(self, ids: dict[str, str]) -> dict[str, dict]:
+        """get_result() of each id inside the host, as JSON."""
+        return json.loads(self.shell(
+            "import json\n"
+            "from django_tasks import default_task_backend\n"
+            "out = {}\n"
+            f"for name, result_id in {ids!r}.items():\n"
+            "    result = default_task_backend.get_result(result_id)\n"
+            "    out[name] = {'status': result.status, 'attempts': result.attempts,\n"
+            "        'task': result.task.module_path, 'args': result.args,\n"
+            "        'kwargs': result.kwargs, 'workers': len(result.worker_ids),\n"
+            "        'timed': None not in (result.enqueued_at, result.started_at,\n"
+            "                              result.finished_at),\n"
+            "        'errors': [e.exception_class_path for e in result.errors],\n"
+            "        'value': result.return_value if result.status == 'SUCCESSFUL' else None}\n"
+            "print(json.dumps(out))\n"))
+
     def statuses(self, identifiers) -> dict[str, str]:
         return dict(self.query("SELECT identifier, status FROM queues_item "
                                "WHERE identifier = ANY(%s)", [list(identifiers)]))
@@ -272,6 +311,22 @@ def processed(host, cluster):
     assert statuses, (f"items not finished after 90 s: {host.statuses(EXPECTED_STATUSES)}\n"
                       f"--- qcluster log\n{tail(cluster.log)}")
     return statuses
+
+
+@pytest.fixture(scope="module")
+def tasks_run(host, cluster):
+    """TASKS enqueued for two tenants through django.tasks and run to their end by the cluster:
+    name -> TaskResult id."""
+    ids = host.enqueue_tasks()
+
+    def all_finished():
+        statuses = host.statuses(ids.values())
+        return len(statuses) == len(ids) and set(statuses.values()) <= {"complete", "failed"}
+
+    assert wait_until(all_finished, timeout=90), (
+        f"tasks not finished after 90 s: {host.statuses(ids.values())}\n"
+        f"--- qcluster log\n{tail(cluster.log)}")
+    return ids
 
 
 @pytest.fixture(scope="module")
@@ -562,6 +617,52 @@ def test_an_operator_runs_a_bulk_retry_under_the_prefix(page_as, server, host, p
         return rows == [("failed", 2)]
 
     assert wait_until(ran_twice, timeout=60), "the retried item did not fail a second time"
+
+
+def test_tasks_enqueued_through_django_tasks_run_for_their_tenants(host, tasks_run):
+    results = host.task_results(tasks_run)
+    assert results["acme-invoice"] == {
+        "status": "SUCCESSFUL", "attempts": 1, "task": "billing.tasks.send_invoice",
+        "args": ["inv-acme-7"], "kwargs": {"amount": 120}, "workers": 1, "timed": True,
+        "errors": [], "value": {"invoice": "inv-acme-7", "amount": 120, "sent": True}}
+    assert results["globex-rates"]["status"] == "SUCCESSFUL"
+    assert results["globex-rates"]["value"] == {"currency": "EUR", "rate": 1.25}
+    assert results["globex-empty-invoice"]["status"] == "FAILED"
+    assert results["globex-empty-invoice"]["errors"] == ["queues.engine.handlers.PermanentError"]
+    rows = host.query("SELECT i.identifier, i.account, i.priority, q.handler FROM queues_item i "
+                      "JOIN queues_queue q ON q.id = i.queue_id WHERE q.key = %s", [TASK_QUEUE])
+    assert {identifier: (account, priority, handler)
+            for identifier, account, priority, handler in rows} == {
+        tasks_run["acme-invoice"]: ("acme", 0, "django_task"),
+        tasks_run["globex-rates"]: ("globex", 10, "django_task"),
+        tasks_run["globex-empty-invoice"]: ("globex", 0, "django_task")}
+
+
+def test_the_dashboard_shows_a_tasks_arguments_return_value_and_errors(page_as, server, host,
+                                                                       tasks_run):
+    from playwright.sync_api import expect
+
+    (done,), (failed,) = (host.query("SELECT id FROM queues_item WHERE identifier = %s",
+                                     [tasks_run[name]])[0]
+                          for name in ("acme-invoice", "globex-empty-invoice"))
+    page = page_as("olga")
+    page.goto(f"{server}{PREFIX}items/{done}/")
+    expect(page.locator("#item-status")).to_have_text("Complete")
+    expect(page.locator("#task-path")).to_have_text("billing.tasks.send_invoice")
+    expect(page.locator("#task-args")).to_contain_text("inv-acme-7")
+    expect(page.locator("#task-kwargs")).to_contain_text('"amount": 120')
+    expect(page.locator("#task-return")).to_contain_text('"sent": true')
+    assert_links_under_prefix(page)
+
+    page.goto(f"{server}{PREFIX}items/{failed}/")
+    expect(page.locator("#item-status")).to_have_text("Permanent Failure")
+    expect(page.get_by_text("PermanentError: invoice inv-globex-0 has no amount to charge")
+           .first).to_be_visible()
+
+    page.goto(f"{server}{PREFIX}queues/{TASK_QUEUE}/?task=billing.tasks.send_invoice")
+    expect(page.locator("#item-list").get_by_role("link", name=re.compile(
+        "^[0-9a-f-]{36}$"))).to_have_count(2)
+    assert_links_under_prefix(page)
 
 
 def test_the_cluster_stops_on_sigterm(cluster, processed):

@@ -338,6 +338,28 @@ def test_finish_with_a_stale_attempt_does_nothing(queue):
     assert_counters_consistent(queue)
 
 
+def test_a_stale_and_a_current_outcome_of_one_item_recorded_together_keep_the_current(queue):
+    items = [item_in_status(queue, Status.RUNNING) for _ in range(2)]
+    for item in items:
+        lifecycle.rescue_lost(queue, {item.pk: 1})
+        lifecycle.transition(item.pk, "dispatch", actor="selector")
+        lifecycle.transition(item.pk, "start", actor="worker", expected_attempt=2)
+    first, second = (item.pk for item in items)
+
+    # The late attempt 1 once after, once before the current attempt 2.
+    results = lifecycle.finish(queue, [
+        Outcome(first, 2), Outcome(first, 1, error="late"),
+        Outcome(second, 1, error="late"), Outcome(second, 2),
+    ], worker="w")
+
+    assert sorted(row.id for row in results["complete"].changed) == [first, second]
+    assert "retry" not in results or not results["retry"].changed
+    for item in items:
+        assert list(Attempt.objects.filter(item=item).order_by("number").values_list(
+            "number", "outcome")) == [(1, "lost"), (2, "complete")]
+    assert_counters_consistent(queue)
+
+
 def test_a_late_duplicate_finish_does_nothing(queue):
     item = item_in_status(queue, Status.RUNNING)
     lifecycle.finish(queue, [Outcome(item_id=item.pk, attempt=1)], worker="w1")

@@ -27,7 +27,9 @@ LOGIN = "/accounts/login/"
 @dataclass(frozen=True)
 class Rule:
     """kind: "page" (GET, read), "action" (POST, mutation), "self" (GET page and POST of the
-    user's own settings), or an exception kind: "public", "login", "logout", "token_api",
+    user's own settings), "own_action" (POST only, on the user's own settings, any role),
+    "second_factor" (the code asked after the password: with nothing due it sends the user
+    on), or an exception kind: "public", "login", "logout", "token_api",
     "stream" (an EventSource: 401 instead of a login redirect), "not_found" (the API's JSON
     404 for any other path). role: the lowest role allowed."""
 
@@ -69,6 +71,19 @@ RULES = {
     "queues:global_pause": action(action="pause"),
     "queues:item_detail": page(pk="$item"),
     "queues:item_action": action(pk="$item", action="retry"),
+    "queues:history": page(),
+    "queues:queue_history": page(query="?range=7d&show=accounts&show=wait"),
+    "queues:chart_throughput": page(),
+    "queues:chart_failures": page(query="?range=1h"),
+    "queues:chart_depth": page(),
+    "queues:chart_wait": page(query="?range=30d"),
+    "queues:chart_run": page(),
+    "queues:queue_chart_throughput": page(),
+    "queues:queue_chart_failures": page(),
+    "queues:queue_chart_depth": page(query="?range=1h"),
+    "queues:queue_chart_wait": page(),
+    "queues:queue_chart_run": page(query="?range=7d"),
+    "queues:queue_chart_accounts": page(),
     "queues:search": page(),
     "queues:activity": page(),
     "queues:run_selector": action(data={"queue": "q"}),
@@ -78,6 +93,12 @@ RULES = {
     "queues:audit_export": page(),
     "queues:dead_letters": page(),
     "queues:preferences": Rule("self"),
+    "two_factor": Rule("self"),
+    "two_factor_setup": Rule("own_action"),
+    "two_factor_confirm": Rule("own_action", data={"code": "000000"}),
+    "two_factor_recovery_codes": Rule("own_action"),
+    "two_factor_remove": Rule("own_action", data={"password": "wrong"}),
+    "two_factor_verify": Rule("second_factor"),
     "queues:tokens": page(ADMIN),
     "queues:tenant_data": page(ADMIN, query="?account=acme"),
     "queues:tenant_export": page(ADMIN, query="?account=acme"),
@@ -263,6 +284,27 @@ def test_url_follows_its_rule(name, namespace, kwarg_names, sample, clients):
             expect(response.status_code == 200, f"{role} GET -> 200", response)
             response = clients[role, True].post(url)
             expect(response.status_code == 403, f"{role} POST without CSRF -> 403", response)
+    elif rule.kind == "own_action":
+        response = anonymous.post(url)
+        expect(response.status_code == 403, "anonymous POST without CSRF -> 403", response)
+        response = Client().post(url)
+        expect(goes_to_login(response), "anonymous POST -> login page", response)
+        for role in ROLES:
+            response = clients[role, False].get(url)
+            expect(response.status_code == 405, f"{role} GET -> 405", response)
+            response = clients[role, True].post(url)
+            expect(response.status_code == 403, f"{role} POST without CSRF -> 403", response)
+            response = clients[role, False].post(url, rule.data)
+            expect(response.status_code not in (401, 403, 405, 500),
+                   f"{role} POST with CSRF -> allowed", response)
+    elif rule.kind == "second_factor":
+        expect(goes_to_login(anonymous.get(url)), "anonymous GET -> login page",
+               anonymous.get(url))
+        for role in ROLES:
+            response = clients[role, False].get(url)
+            expect(response.status_code == 302, f"{role} GET -> 302 (nothing due)", response)
+            response = clients[role, True].post(url)
+            expect(response.status_code == 403, f"{role} POST without CSRF -> 403", response)
     elif rule.kind == "stream":
         response = anonymous.get(url)
         expect(response.status_code == 401, "anonymous GET -> 401", response)
@@ -297,6 +339,49 @@ def test_url_follows_its_rule(name, namespace, kwarg_names, sample, clients):
     else:
         pytest.fail(f"unknown rule kind {rule.kind}")
     assert not problems, f"{name} ({url}): {problems}"
+
+
+@pytest.fixture
+def owes_a_second_factor(db):
+    """An Admin with an authenticator, signed in with the password only."""
+    from queues.engine import two_factor
+    from tests.test_two_factor import code
+
+    user = User.objects.create_user("walk-unverified")
+    user.groups.add(Group.objects.get(name=ADMIN))
+    two_factor.confirm(user, code(two_factor.start(user)))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+# Every URL that needs a login, the user's own two-factor settings included.
+SIGNED_IN_URLS = [url for url in URLS if getattr(rule_for(url[0], url[1]), "kind", None)
+                  in ("page", "action", "self", "own_action", "stream")]
+
+
+@pytest.mark.parametrize("name, namespace, kwarg_names", SIGNED_IN_URLS,
+                         ids=[url[0] for url in SIGNED_IN_URLS])
+def test_a_user_who_owes_a_second_factor_reaches_only_the_code_page(
+        name, namespace, kwarg_names, sample, owes_a_second_factor):
+    rule = rule_for(name, namespace)
+    url = url_of(name, kwarg_names, rule, sample)
+    before = AuditEntry.objects.count()
+    if rule.kind in ("action", "own_action"):
+        response = owes_a_second_factor.post(url, rule.data)
+    else:
+        response = owes_a_second_factor.get(url)
+    if rule.kind == "stream":
+        assert response.status_code == 403
+    else:
+        assert response.status_code == 302
+        assert response["Location"].startswith("/accounts/login/code/?next=")
+    assert AuditEntry.objects.count() == before
+
+
+def test_django_admin_site_waits_for_the_second_factor(owes_a_second_factor):
+    response = owes_a_second_factor.get(reverse("admin:index"), follow=True)
+    assert response.request["PATH_INFO"] == "/accounts/login/code/"
 
 
 # The Admin group's model permissions (queues.permissions) open these; other models' pages

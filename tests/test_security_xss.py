@@ -4,6 +4,7 @@ entries, token names, usernames) rendered by every dashboard page, its htmx frag
 stream rows, as an Admin (who sees the most). Everything must arrive inert: no element, event
 handler, htmx attribute or javascript: link made from data."""
 
+from datetime import timedelta
 from html.parser import HTMLParser
 
 import pytest
@@ -12,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from queues.engine import audit, tokens
-from queues.models import Attempt, BulkOperation, DeadLetter, Item, ItemEvent
+from queues.models import Attempt, BulkOperation, DeadLetter, Item, ItemEvent, MetricMinute
 from tests.factories import QueueFactory, items_in_status
 from tests.test_security_walk import RULES, walk
 
@@ -98,6 +99,10 @@ def hostile(role_client):
         queue=queue, kind="retry", actor_name=ALL[:150], filter={"account": ALL},
         filter_hash="0" * 64, expected=1, created_at=timezone.now(), error=ALL)
     User.objects.create_user(ALL[:150]).groups.add(Group.objects.get(name="Viewer"))
+    # History of the hostile account: the charts name it in legends, hover titles and tables.
+    minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=1)
+    MetricMinute.objects.create(queue=queue, start=minute, completed=2, depth_queued=1)
+    MetricMinute.objects.create(queue=queue, account=account, start=minute, completed=1)
     client = role_client("Admin")
     return {"client": client, "item": items[0].pk, "bulk": BulkOperation.objects.get().pk,
             "secret": secret}

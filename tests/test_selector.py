@@ -279,6 +279,24 @@ def test_under_a_backlog_a_round_waits_for_half_a_batch_of_free_capacity():
     assert selector.run_round(queue).total == 5
 
 
+def test_freed_capacity_that_no_running_batch_takes_goes_out_as_a_small_batch_after_the_grace():
+    queue = QueueFactory(batch_size=10, concurrency=10)
+    put(queue, "acme", 30)
+    first = selector.run_round(queue)
+    finish(queue, first.item_ids[:2])
+    # Every thread of the running batch is busy: nobody tops up, so the loop sends the 2 itself.
+    selector.tick(seconds=0.5, idle_sleep=1.0)
+    rounds = list(SelectorRound.objects.order_by("id").values_list("taken", flat=True))
+    assert rounds == [10, 2]
+
+
+def test_a_round_told_not_to_hold_back_dispatches_a_small_batch_under_a_backlog():
+    queue = QueueFactory(batch_size=10, concurrency=10)
+    put(queue, "acme", 30)
+    finish(queue, selector.run_round(queue).item_ids[:2])
+    assert selector.run_round(queue, hold_small=False).total == 2
+
+
 def test_a_round_dispatches_what_is_ready_at_once_when_it_all_fits():
     queue = QueueFactory(batch_size=10, concurrency=10)
     put(queue, "acme", 10)

@@ -7,12 +7,15 @@ import contextlib
 import re
 import threading
 import time
+import zoneinfo
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import Group, User
 from django.db import connection, transaction
 from django.test import AsyncClient, Client
+from django.utils import timezone
 
 from queues import enqueue
 from queues.engine import lifecycle, stream
@@ -135,6 +138,38 @@ def test_filters_select_by_queue_account_status_and_event_type(queue):
     for filters, expected in cases.items():
         assert len(stream.filter_events(every, filters)) == expected, filters
         assert len(stream.backlog(filters, stream.start_cursor())) == expected, filters
+
+
+# --- rows --------------------------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=False)
+def test_a_row_shows_its_time_relative_and_absolute_in_the_users_zone():
+    at = timezone.now() - timedelta(seconds=90)
+    with timezone.override(zoneinfo.ZoneInfo("Europe/Berlin")):
+        row = stream_views.render_rows([event(7, at=at)], {1: "emails"}, show_queue=False)
+    local = at.astimezone(zoneinfo.ZoneInfo("Europe/Berlin"))
+    # The datetime attribute is what the page's script rewrites the relative part from.
+    assert (f'<td><time datetime="{at.isoformat()}">{local:%Y-%m-%d %H:%M:%S %Z} '
+            '<span class="muted" data-relative>(1 min ago)</span></time></td>') in row
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_row_rendered_again_later_says_how_old_it_is_then(monkeypatch):
+    at = timezone.now()
+    first = stream_views.render_rows([event(8, at=at)], {1: "emails"}, show_queue=False)
+    monkeypatch.setattr(timezone, "now", lambda: at + timedelta(minutes=5))
+    again = stream_views.render_rows([event(8, at=at)], {1: "emails"}, show_queue=False)
+    assert "(now)" in first and "(5 min ago)" in again
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_rows_frame_stays_one_event_whatever_the_row_holds():
+    hostile = event(9, at=timezone.now(), identifier="a\rb", account="c\nd", reason="e\r\nf")
+    rows = stream_views.render_rows([hostile, event(10, at=timezone.now())], {1: "emails"},
+                                    show_queue=True)
+    framed = stream_views._sse("rows", rows)
+    assert framed.endswith("\n\n") and framed.count("\n\n") == 1
+    assert all(line.startswith(("event: ", "data: ")) for line in framed.strip("\n").split("\n"))
 
 
 @pytest.mark.postgres

@@ -1,10 +1,15 @@
-"""Accounts view: per-account backlog, in flight, service share, flags, the selector's cursor."""
+"""Accounts view: per-account backlog, in flight, service share, flags, the selector's cursor;
+ordered by account (live) or by the sweeper's ranking (backlog, oldest wait, share)."""
+
+import re
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from queues import enqueue
-from queues.engine import selector
-from queues.models import SelectorState
+from queues.engine import account_stats, selector
+from queues.models import SelectorRound, SelectorState
 from queues.web import queries
 from tests.factories import AccountPolicyFactory, QueueFactory, enqueued, items_in_status
 
@@ -41,9 +46,9 @@ def test_accounts_are_paged_by_key(role_client, monkeypatch):
         enqueued(queue, 1, account=account, prefix=account)
     client = role_client("Viewer")
     first = client.get("/queues/emails/accounts/").context["page"]
-    assert [r.account for r in first.rows] == ["a", "b"] and first.next_after == "b"
+    assert [r.account for r in first.rows] == ["a", "b"] and first.next_query == "after=b"
     second = client.get("/queues/emails/accounts/?after=b").context["page"]
-    assert [r.account for r in second.rows] == ["c"] and second.next_after == ""
+    assert [r.account for r in second.rows] == ["c"] and second.next_query == ""
 
 
 def test_an_account_at_its_ready_limit_is_shown(role_client):
@@ -56,3 +61,146 @@ def test_an_account_at_its_ready_limit_is_shown(role_client):
     enqueue("limits", account="quiet", identifier="q1")
     html = role_client("Viewer").get("/queues/limits/accounts/").content.decode()
     assert html.count("At ready limit") == 1
+
+
+# --- orders ------------------------------------------------------------------------------------
+
+def walk(client, url):
+    """Every page of an order, following its "Next accounts" position: accounts per page."""
+    pages = []
+    while url:
+        response = client.get(url)
+        assert response.status_code == 200, response.content
+        page = response.context["page"]
+        pages.append([row.account for row in page.rows])
+        url = f"/queues/emails/accounts/?{page.next_query}" if page.next_query else ""
+    return pages
+
+
+@pytest.fixture
+def backlogs(monkeypatch):
+    """Five accounts whose backlogs tie across a page boundary of two, ranked as a sweep
+    ranks them."""
+    monkeypatch.setattr(queries, "PAGE_SIZE", 2)
+    queue = QueueFactory(key="emails")
+    for account, n in (("a", 1), ("b", 3), ("c", 2), ("d", 2), ("e", 2)):
+        enqueued(queue, n, account=account, prefix=account)
+    account_stats.refresh(queue)
+    return queue
+
+
+def test_it_sorts_accounts_by_backlog_in_keyset_pages(role_client, backlogs):
+    pages = walk(role_client("Viewer"), "/queues/emails/accounts/?sort=backlog")
+    assert pages == [["b", "c"], ["d", "e"], ["a"]]
+
+
+def test_it_sorts_accounts_by_oldest_wait_in_keyset_pages(role_client, monkeypatch):
+    monkeypatch.setattr(queries, "PAGE_SIZE", 2)
+    queue = QueueFactory(key="emails")
+    now = timezone.now()
+    for account, hours_ago in (("a", 1), ("b", 5), ("c", 3), ("d", -1), ("e", 3)):
+        enqueued(queue, 1, account=account, prefix=account,
+                 run_at=(now - timedelta(hours=hours_ago)).replace(microsecond=123456))
+    account_stats.refresh(queue)
+    pages = walk(role_client("Viewer"), "/queues/emails/accounts/?sort=wait")
+    assert pages == [["b", "c"], ["e", "a"], ["d"]]  # "d" has nothing due yet
+
+
+def test_it_sorts_accounts_by_share_of_recent_service(role_client, monkeypatch):
+    monkeypatch.setattr(queries, "PAGE_SIZE", 2)
+    queue = QueueFactory(key="emails")
+    for account in "abcd":
+        enqueued(queue, 1, account=account, prefix=account)
+    SelectorRound.objects.create(queue=queue, started_at=timezone.now(), duration_ms=1, taken=9,
+                                 accounts=3, allocation={"c": 5, "a": 3, "d": 1})
+    account_stats.refresh(queue)
+    client = role_client("Viewer")
+    assert walk(client, "/queues/emails/accounts/?sort=share") == [["c", "a"], ["d", "b"]]
+    page = client.get("/queues/emails/accounts/?sort=share").context["page"]
+    assert [(row.served, round(row.share, 2)) for row in page.rows] == [(5, 0.56), (3, 0.33)]
+
+
+def test_a_sorted_page_shows_live_figures_in_the_ranked_order_and_says_how_old_it_is(
+        role_client, backlogs):
+    enqueued(backlogs, 5, account="a", prefix="more")  # after the ranking
+    response = role_client("Viewer").get("/queues/emails/accounts/?sort=backlog")
+    page = response.context["page"]
+    assert [(row.account, row.backlog) for row in page.rows] == [("b", 3), ("c", 2)]
+    # The ranking's time, shown as every time is (`when`: absolute with its zone, and relative).
+    ranked_at = page.ranked_at.isoformat()
+    assert re.search(f'Ordered by backlog as of <time datetime="{re.escape(ranked_at)}">'
+                     r'[^<]+ UTC <span class="muted"', response.content.decode())
+
+
+def test_an_account_with_a_backlog_but_no_ranking_yet_is_in_the_key_order_only(role_client):
+    queue = QueueFactory(key="emails")
+    enqueued(queue, 1, account="new")
+    client = role_client("Viewer")
+    response = client.get("/queues/emails/accounts/?sort=backlog")
+    assert response.context["page"].rows == []
+    assert "Not ranked yet" in response.content.decode()
+    assert [r.account for r in client.get("/queues/emails/accounts/").context["page"].rows] == [
+        "new"]
+
+
+def test_the_headers_are_sort_links_and_the_current_order_is_marked(role_client, backlogs):
+    html = role_client("Viewer").get("/queues/emails/accounts/?sort=wait").content.decode()
+    for key in ("backlog", "share", "wait"):
+        url = f"/queues/emails/accounts/?sort={key}"
+        assert f'href="{url}" hx-get="{url}"' in html
+    assert 'href="/queues/emails/accounts/" hx-get="/queues/emails/accounts/"' in html
+    assert re.findall(r'<th scope="col"[^>]*aria-sort="(\w+)"><a [^>]*>([^<]+)</a>', html) == [
+        ("descending", "Oldest wait")]
+    plain = role_client("Viewer").get("/queues/emails/accounts/").content.decode()
+    assert re.findall(r'aria-sort="(\w+)"><a [^>]*>([^<]+)</a>', plain) == [
+        ("ascending", "Account")]
+
+
+def test_an_htmx_request_gets_the_table_fragment_with_its_next_link(role_client, backlogs):
+    response = role_client("Viewer").get("/queues/emails/accounts/?sort=backlog",
+                                         HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert html.lstrip().startswith('<section id="account-table"') and "<html" not in html
+    next_url = "/queues/emails/accounts/?" + response.context["page"].next_query
+    assert f'href="{next_url.replace("&", "&amp;")}"' in html and 'rel="next"' in html
+
+
+@pytest.mark.parametrize("query", ["sort=oldest", "sort=Backlog", "sort=%00"])
+def test_an_unknown_order_is_a_form_error_not_a_crash(role_client, backlogs, query):
+    response = role_client("Viewer").get(f"/queues/emails/accounts/?{query}")
+    assert response.status_code == 400
+    assert "Order: The list has no order" in response.content.decode()
+
+
+def test_a_tampered_or_foreign_page_position_is_refused_with_a_message(role_client, backlogs):
+    client = role_client("Viewer")
+    good = client.get("/queues/emails/accounts/?sort=backlog").context["page"].next_query
+    cursor = good.partition("cursor=")[2]
+    tampered = cursor.replace("b", "c", 1) if "b" in cursor else "x" + cursor
+    for query in (f"sort=backlog&cursor={tampered}", f"sort=share&cursor={cursor}",
+                  f"cursor={cursor}", "sort=wait&cursor=garbage", "sort=wait&cursor=%C3%A9:x"):
+        response = client.get(f"/queues/emails/accounts/?{query}")
+        assert response.status_code == 400, query
+        html = response.content.decode()
+        assert "Page position: Not a page of this list" in html, query
+        assert "First page of the list" in html
+    assert client.get(f"/queues/emails/accounts/?{good}").status_code == 200
+
+
+def test_live_figures_stop_counting_past_the_limit_and_say_so(role_client, monkeypatch):
+    monkeypatch.setattr(queries, "LIVE_LIMIT", 3)
+    queue = QueueFactory(key="emails")
+    enqueued(queue, 5, account="big", prefix="b", run_at=timezone.now() - timedelta(hours=1))
+    enqueued(queue, 3, account="small", prefix="s")
+    account_stats.refresh(queue)
+    enqueued(queue, 1, account="big", prefix="later")
+    client = role_client("Viewer")
+    for url in ("/queues/emails/accounts/", "/queues/emails/accounts/?sort=backlog"):
+        response = client.get(url)
+        rows = {row.account: row for row in response.context["page"].rows}
+        assert (rows["big"].backlog, rows["big"].capped, rows["big"].ranked_backlog) == (
+            3, True, 5)
+        assert (rows["small"].backlog, rows["small"].capped) == (3, False)
+        html = response.content.decode()
+        assert '3+ <span class="muted">(5 at the ranking)</span>' in html
+        assert "more than 3 ready items" in html

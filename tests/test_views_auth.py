@@ -113,7 +113,7 @@ def test_admin_editing_queue_settings_is_audited(role_client, queue):
 
 def test_time_zone_choice_changes_how_times_are_shown(role_client):
     client = role_client("Viewer")
-    response = client.post("/preferences/", {"time_zone": "Asia/Tokyo"})
+    response = client.post("/preferences/", {"time_zone": "Asia/Tokyo", "theme": "system"})
     assert response.status_code == 302
     assert b"JST" in client.get("/").content
     # Kept for the next login too.

@@ -1,6 +1,7 @@
 """Item detail `/items/<id>/` and its actions: retry, cancel, run now."""
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -9,7 +10,9 @@ from django.utils import timezone
 from queues import enqueue
 from queues.engine import lifecycle
 from queues.models import Attempt, AuditEntry, Item, ItemEvent
-from tests.factories import QueueFactory, item_in_status
+from queues.tasks_backend import tenant
+from tests import tasks as functions
+from tests.factories import QueueFactory, item_in_status, run_one_round
 
 pytestmark = pytest.mark.django_db
 
@@ -230,3 +233,32 @@ def test_detail_has_a_counts_strip_that_refreshes_after_actions(role_client, que
     client.post(f"/items/{item.pk}/retry/", HTTP_HX_REQUEST="true")
     strip = client.get("/queues/emails/counts/", HTTP_HX_REQUEST="true").content.decode()
     assert "0 dead letters" in strip and "1 queued" in strip
+
+
+def test_a_task_item_shows_its_task_arguments_and_return_value_masked_for_viewers(role_client):
+    with tenant("acme"):
+        enqueued = functions.echo.enqueue("ada", api_key="k-123", n=1)
+    run_one_round("default")
+    item = Item.objects.get(identifier=enqueued.id)
+
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert '<code id="task-path">tests.tasks.echo</code>' in html
+    assert "?task=tests.tasks.echo" in html
+    kwargs = re.search(r'id="task-kwargs">(.*?)</pre>', html, re.S).group(1)
+    assert "&quot;n&quot;: 1" in kwargs and "••••••" in kwargs and "k-123" not in kwargs
+    returned = re.search(r'id="task-return">(.*?)</pre>', html, re.S).group(1)
+    assert "&quot;ada&quot;" in returned and "k-123" not in returned
+    assert "k-123" not in html
+    assert "positional arguments have no key to match" in html
+
+    html = role_client("Operator").get(f"/items/{item.pk}/").content.decode()
+    assert html.count("k-123") == 2  # the keyword argument and the return value
+
+
+def test_a_failed_task_item_shows_each_attempts_error_and_traceback(role_client):
+    enqueued = functions.fail.enqueue("input")
+    run_one_round("default")
+    item = Item.objects.get(identifier=enqueued.id)
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert "ValueError: bad input" in html and "<summary>Traceback</summary>" in html
+    assert 'id="task-return"' not in html

@@ -14,7 +14,7 @@ from queues import enqueue_many
 from queues.bench import processes
 from queues.engine import handlers, heartbeat, lifecycle, selector
 from queues.engine.handlers import PermanentError, RetryableError
-from queues.engine.worker import run_batch
+from queues.engine.worker import TOP_UP_SECONDS, BatchRun, run_batch
 from queues.models import Attempt, DeadLetter, Item, ItemEvent, Status
 from tests.factories import QueueFactory
 
@@ -331,3 +331,42 @@ def test_a_batch_with_idle_threads_takes_over_items_whose_batch_waits_for_a_work
         thread.join(10)
     assert outcome == {"complete": 3, "taken while running": 1}
     assert run_batch(queue.pk, waiting) == {"stale": 1}  # when a worker finally runs it
+
+
+def test_a_top_up_that_met_another_round_of_its_queue_asks_again_soon(monkeypatch):
+    queue = QueueFactory(batch_size=2)
+    batch = dispatched_batch(queue, ["a", "b"])
+    run = BatchRun(queue, batch)
+    monkeypatch.setattr(selector, "run_round", lambda *a, **k: selector.Round(
+        queue=queue.key, skipped=selector.BUSY))
+    run._top_up(1)
+    assert run.top_up_after - time.monotonic() <= TOP_UP_SECONDS
+
+
+def test_a_top_up_that_found_nothing_ready_waits_longer(monkeypatch):
+    queue = QueueFactory(batch_size=2)
+    run = BatchRun(queue, dispatched_batch(queue, ["a", "b"]))
+    run._top_up(1)
+    assert run.top_up_after - time.monotonic() > TOP_UP_SECONDS
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rescued_item_taken_back_by_its_own_batch_runs_its_new_attempt_to_the_end(gate):
+    queue = QueueFactory(handler="test-gated", batch_size=2, backoff_seconds=[0])
+    batch = dispatched_batch(queue, ["gate-1", "nap-0"])
+    thread, outcome = run_in_thread(queue, batch)
+    try:
+        assert processes.wait_for(lambda: status_of("gate-1") == Status.RUNNING, 5)
+        # The sweeper took attempt 1 for lost (its batch looked frozen); the batch's next top-up
+        # takes the item back while attempt 1's handler still runs here.
+        gated_item = Item.objects.get(identifier="gate-1")
+        lifecycle.rescue_lost(queue, {gated_item.pk: 1})
+        assert processes.wait_for(lambda: Item.objects.get(pk=gated_item.pk).attempts == 2, 5)
+        assert status_of("gate-1") == Status.RUNNING
+    finally:
+        gate.set()
+        thread.join(10)
+    assert status_of("gate-1") == Status.COMPLETE
+    assert list(Attempt.objects.filter(item__identifier="gate-1").order_by("number")
+                .values_list("number", "outcome")) == [(1, "lost"), (2, "complete")]
+    assert outcome["complete"] == 2 and outcome["taken while running"] == 1

@@ -3,6 +3,7 @@
 Python's json module is lenient where producers in other languages would disagree with us: it
 accepts NaN and Infinity, duplicate keys (last wins), integers of any size, lone surrogates and
 NUL characters. Each of those is refused here with the path of the offending value.
+`check_python` holds Python values (the django.tasks backend's arguments) to the same rules.
 """
 
 import json
@@ -107,6 +108,44 @@ def check_values(document, path: str = ""):
         elif isinstance(value, list):
             stack.extend((child, f"{where}[{index}]", depth + 1)
                          for index, child in enumerate(value))
+
+
+def check_python(value, path: str = ""):
+    """The same rules for a Python value that never was JSON text, such as the arguments of a
+    django.tasks task: JSON types only (a tuple reads as an array), string keys, integers within
+    ±MAX_SAFE_INTEGER, finite floats, then check_values' rules, so that it stores and reads back
+    as the API would have it. Raises JSONBodyError naming the first offending path."""
+    stack = [(value, path, 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_DEPTH:  # also ends a list that contains itself
+            raise JSONBodyError(f"the value is nested deeper than {MAX_DEPTH} levels",
+                                where or "body")
+        if isinstance(value, dict):
+            for key, child in value.items():
+                if not isinstance(key, str):
+                    raise JSONBodyError(f"keys must be strings, not {type(key).__name__}",
+                                        where or "body")
+                child_path = f"{where}.{key}" if where else key
+                _check_string(key, child_path)
+                stack.append((child, child_path, depth + 1))
+        elif isinstance(value, list | tuple):
+            stack.extend((child, f"{where}[{index}]", depth + 1)
+                         for index, child in enumerate(value))
+        elif isinstance(value, str):
+            _check_string(value, where)
+        elif isinstance(value, bool) or value is None:
+            continue
+        elif isinstance(value, int):
+            if abs(value) > MAX_SAFE_INTEGER:
+                raise JSONBodyError(f"integer {value} is out of range "
+                                    f"(at most ±{MAX_SAFE_INTEGER})", where or "body")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise JSONBodyError(f"number {value} is not valid JSON", where or "body")
+        else:
+            raise JSONBodyError(f"a {type(value).__name__} is not a JSON value",
+                                where or "body")
 
 
 def _check_string(value: str, where: str):

@@ -21,8 +21,8 @@ from django.db.models import Count
 from django.utils import timezone
 
 from queues.bench import processes, seeding
-from queues.engine import counters, fairness, lifecycle, selector
-from queues.models import READY_STATUSES, Item, Queue
+from queues.engine import account_stats, counters, fairness, history, lifecycle, selector
+from queues.models import READY_STATUSES, Item, MetricHour, Queue
 
 RESULTS_DIR = settings.BASE_DIR / "var" / "bench"
 
@@ -464,6 +464,25 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
               .values_list("pk", flat=True).first())
     order = (Item.objects.filter(queue=queue, status="failed").order_by("-created_at", "-id")
              .values_list("payload__order", flat=True).first())
+    # The sweeper's account ranking, which the sorted accounts views read: once per sweep.
+    refreshes = []
+    for _ in range(3):
+        started = time.perf_counter()
+        ranked = account_stats.refresh(queue)
+        refreshes.append((time.perf_counter() - started) * 1000)
+    by_wait = queries.accounts_page(queue, {"sort": "wait"}, now).next_query or "sort=wait"
+    # The charts read the history rollup, which `bench seed` writes; a database seeded before
+    # it existed gets it here.
+    backfill = None
+    if not MetricHour.objects.filter(queue=queue).exists():
+        started = time.perf_counter()
+        history.backfill([queue.pk])
+        backfill = time.perf_counter() - started
+    runs = []
+    for _ in range(3):
+        started = time.perf_counter()
+        history.run()
+        runs.append((time.perf_counter() - started) * 1000)
     base = f"/queues/{queue.key}/"
     pages = {
         "overview": "/",
@@ -474,21 +493,45 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
         "item detail (failed item)": f"/items/{failed}/",
         "errors view": f"{base}errors/",
         "accounts view": f"{base}accounts/",
+        "accounts by backlog": f"{base}accounts/?sort=backlog",
+        "accounts by oldest wait, page 2 (keyset)": f"{base}accounts/?{by_wait}",
+    }
+    # The chart fragments the pages load (htmx), from the minutes (24 h) and the hours (7, 30 d).
+    on_queue = f"{base}history/"
+    fragments = {
+        "chart: throughput, 24 h": f"{on_queue}throughput/?range=24h",
+        "chart: failures, 24 h": f"{on_queue}failures/?range=24h",
+        "chart: depth, 24 h": f"{on_queue}depth/?range=24h",
+        "chart: wait time, 24 h": f"{on_queue}wait/?range=24h",
+        "chart: run time, 7 d": f"{on_queue}run/?range=7d",
+        "chart: throughput, 30 d": f"{on_queue}throughput/?range=30d",
+        "chart: wait time, 30 d": f"{on_queue}wait/?range=30d",
+        "chart: share of accounts, 30 d": f"{on_queue}accounts/?range=30d",
+        "chart: throughput of every queue, 24 h": "/history/throughput/?range=24h",
     }
     report = Report("pages", {"queue": queue_key, "requests": requests,
                               "items": sum(counters.status_counts([queue.pk])[queue.pk]
                                            .values())})
-    for name, url in pages.items():
+    report.add("account ranking refresh (one queue) p50", percentile(refreshes, 0.5), "ms")
+    report.add("accounts ranked", ranked, "accounts")
+    report.add("history run (scheduled step, no new events) p50", percentile(runs, 0.5), "ms")
+    if backfill is not None:
+        report.add("history backfill (one queue, 30 days of events)", backfill, "s")
+    log(f"account ranking refresh: p50 {percentile(refreshes, 0.5):.1f} ms, {ranked:,} "
+        "accounts")
+    htmx = {"HTTP_HX_REQUEST": "true"}
+    for name, url, headers in ([(n, u, {}) for n, u in pages.items()]
+                               + [(n, u, htmx) for n, u in fragments.items()]):
         for _ in range(3):  # warm the caches and the connection
-            assert client.get(url).status_code == 200, url
+            assert client.get(url, **headers).status_code == 200, url
         timings = []
         for _ in range(requests):
             started = time.perf_counter()
-            response = client.get(url)
+            response = client.get(url, **headers)
             timings.append((time.perf_counter() - started) * 1000)
             assert response.status_code == 200, url
         with CaptureQueriesContext(connection) as queries:
-            client.get(url)
+            client.get(url, **headers)
         report.add(f"{name} p50", percentile(timings, 0.5), "ms")
         report.add(f"{name} p95", percentile(timings, 0.95), "ms")
         report.add(f"{name} SQL queries", len(queries), "queries")

@@ -3,8 +3,9 @@ is what a privacy request needs.
 
 Erasing goes through the lifecycle: waiting items are cancelled (so that no worker starts them
 while they go), then every finished item is deleted with its attempts, dead letters and events,
-and the counters lose them in the same transactions. A running item is left to finish: its
-handler holds it, and the erasure says how many to erase again afterwards. Work is done in
+and the counters lose them in the same transactions; the account leaves the accounts page's
+ranking (AccountStat) at once rather than at the next sweep. A running item is left to finish:
+its handler holds it, and the erasure says how many to erase again afterwards. Work is done in
 batches of BATCH items, each one short transaction, and at most MAX_ITEMS per call.
 """
 
@@ -17,6 +18,7 @@ from django.db.models import Count
 from queues.engine import audit, lifecycle
 from queues.models import (
     FINISHED_STATUSES,
+    AccountStat,
     Attempt,
     DeadLetter,
     Item,
@@ -89,6 +91,7 @@ def erase(account: str, *, actor) -> Counter:
                            lifecycle.delete_finished(queue_id, ids).items()})
         if erased["items"] == before and not cancelled:
             break  # nothing left that may go now
+    erased["account rankings"] = _of(AccountStat, account).delete()[0]
     erased["running, left to finish"] = _of(Item, account).filter(status=Status.RUNNING).count()
     audit.record(actor, "account.erase", target=f"account {account}",
                  counts={key: n for key, n in erased.items() if n})

@@ -158,12 +158,13 @@ class BulkFilter:
     identifier_prefix: str = ""
     error_group: str = ""  # a normalised error message (queues.engine.errors)
     payload: str = ""  # a payload field condition, "path = value" (queues.engine.payloads)
+    task: str = ""  # the module path of a django.tasks task (Item.task_path)
 
     @classmethod
     def build(cls, queue: Queue, kind: str, statuses, created_from: datetime,
               created_to: datetime, account: str = "", error_contains: str = "", *,
               ids=(), reason: str = "", clock: str = "", identifier_prefix: str = "",
-              error_group: str = "", payload: str = "") -> "BulkFilter":
+              error_group: str = "", payload: str = "", task: str = "") -> "BulkFilter":
         """Checks what an operator asked for; raises BulkError naming each bad field. For
         dead-letter kinds the status is always failed. No clock means the kind's natural one."""
         fields = {}
@@ -200,7 +201,7 @@ class BulkFilter:
         return cls(queue.pk, kind, statuses, created_from, created_to, account.strip(),
                    error_contains.strip(), ids=ids, reason=reason.strip(), clock=clock,
                    identifier_prefix=identifier_prefix.strip(), error_group=error_group.strip(),
-                   payload=payload.strip())
+                   payload=payload.strip(), task=task.strip())
 
     def frozen(self, now: datetime) -> "BulkFilter":
         """The same filter over a fixed snapshot: what exists now, and nothing enqueued later."""
@@ -252,6 +253,8 @@ class BulkFilter:
             query = query.filter(last_error__regex=group_pattern(self.error_group))
         if self.payload:
             query = payloads.parse(self.payload).apply(query)
+        if self.task:
+            query = query.filter(task_path=self.task)
         return query
 
     def as_json(self) -> dict:

@@ -3,6 +3,9 @@
 A handler receives a Task and returns normally (complete), raises RetryableError (try again
 later, optionally after `delay` seconds) or PermanentError (dead letter at once). Any other
 exception counts as retryable.
+
+The name TASK_HANDLER is reserved: queues holding django.tasks tasks run it
+(queues.engine.tasks), so a queue's handler always says what runs its items.
 """
 
 import os
@@ -12,6 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+TASK_HANDLER = "django_task"
 
 
 class RetryableError(Exception):
@@ -33,6 +38,8 @@ class Task:
     payload: Any
     attempt: int
     options: dict = field(default_factory=dict)
+    # The module path of the django.tasks task the item runs; empty for other items.
+    task_path: str = ""
 
 
 _registry: dict[str, Callable[[Task], Any]] = {}

@@ -27,6 +27,7 @@ from queues.engine.db import (
     to_db_datetime,
     typed,
 )
+from queues.engine.handlers import TASK_HANDLER
 from queues.engine.stream import notify_events_written
 from queues.models import (
     FINISHED_STATUSES,
@@ -248,11 +249,14 @@ def normalise_item(item: Mapping, now: datetime) -> dict:
     }
 
 
-def enqueue_many(queue_key: str, items: Iterable[Mapping], *, actor: str = "python") -> list[Item]:
+def enqueue_many(queue_key: str, items: Iterable[Mapping], *, actor: str = "python",
+                 task_path: str = "") -> list[Item]:
     """Put items on a queue, all or nothing.
 
     A live identifier returns the existing item when the payload is the same (also inside one
     batch) and raises IdentifierConflict when it differs. Each returned Item carries `created`.
+    `task_path` (the django.tasks backend's alone) names the task the items run; a queue takes
+    task items only if it runs the task handler, and nothing else then.
     """
     now = timezone.now()
     items = list(items)
@@ -263,6 +267,7 @@ def enqueue_many(queue_key: str, items: Iterable[Mapping], *, actor: str = "pyth
         queue = Queue.objects.get(key=queue_key)
     except Queue.DoesNotExist:
         raise UnknownQueue(f"unknown queue {queue_key!r}", {"queue": "unknown"}) from None
+    _check_handler(queue, task_path)
 
     firsts: dict[str, dict] = {}
     for row in rows:
@@ -275,8 +280,21 @@ def enqueue_many(queue_key: str, items: Iterable[Mapping], *, actor: str = "pyth
 
     _check_ready_limits(queue, unique_rows)
     with transaction.atomic():
-        by_identifier = _insert_or_find(queue, unique_rows, now, actor)
+        by_identifier = _insert_or_find(queue, unique_rows, now, actor, task_path)
     return [by_identifier[row["identifier"]] for row in rows]
+
+
+def _check_handler(queue: Queue, task_path: str):
+    """An item without a task on a task queue would only fail at run time, and a task on a
+    queue running another handler would never run as a task: both are refused here."""
+    if task_path and queue.handler != TASK_HANDLER:
+        raise EnqueueError(
+            f"queue {queue.key} runs handler {queue.handler!r}; django.tasks tasks go to queues "
+            f"whose handler is {TASK_HANDLER!r}", {"queue": "does not run django.tasks tasks"})
+    if not task_path and queue.handler == TASK_HANDLER:
+        raise EnqueueError(
+            f"queue {queue.key} runs django.tasks tasks; enqueue them with Task.enqueue()",
+            {"queue": "runs django.tasks tasks only"})
 
 
 def _check_ready_limits(queue: Queue, rows: list[dict]):
@@ -320,13 +338,14 @@ def _refuse(queue: Queue, message: str, fields: dict):
     raise OverLimit(message, fields)
 
 
-def _insert_or_find(queue: Queue, rows: list[dict], now: datetime, actor: str) -> dict[str, Item]:
+def _insert_or_find(queue: Queue, rows: list[dict], now: datetime, actor: str,
+                    task_path: str) -> dict[str, Item]:
     found: dict[str, Item] = {}
     pending = rows
     # A live item found by ON CONFLICT may finish before we read it; then the identifier is free
     # again and the next pass inserts it. Three passes cover any realistic interleaving.
     for _ in range(3):
-        created_ids = _insert_ignoring_live_duplicates(queue, pending, now)
+        created_ids = _insert_ignoring_live_duplicates(queue, pending, now, task_path)
         missing = [row for row in pending if row["identifier"] not in created_ids]
         existing = {
             item.identifier: item
@@ -336,7 +355,7 @@ def _insert_or_find(queue: Queue, rows: list[dict], now: datetime, actor: str) -
                 status__in=LIVE_STATUSES,
             )
         }
-        created = [_saved_item(queue, row, created_ids[row["identifier"]], now)
+        created = [_saved_item(queue, row, created_ids[row["identifier"]], now, task_path)
                    for row in pending if row["identifier"] in created_ids]
         for item in created:
             found[item.identifier] = item
@@ -356,29 +375,31 @@ def _insert_or_find(queue: Queue, rows: list[dict], now: datetime, actor: str) -
     raise LifecycleError("identifier kept changing state during enqueue; try again")
 
 
-def _saved_item(queue: Queue, row: dict, pk: int, now: datetime) -> Item:
+def _saved_item(queue: Queue, row: dict, pk: int, now: datetime, task_path: str) -> Item:
     """The inserted row as an Item, built from what we wrote instead of read back."""
     item = Item(id=pk, queue=queue, account=row["account"], identifier=row["identifier"],
                 payload=row["payload"], priority=row["priority"], status=Status.QUEUED,
                 previous_status="", attempts=0, run_at=row["run_at"], last_error="",
-                created_at=now, updated_at=now)
+                created_at=now, updated_at=now, task_path=task_path)
     item._state.adding = False
     item._state.db = connection.alias
     item.created = True
     return item
 
 
-def _insert_ignoring_live_duplicates(queue: Queue, rows: list[dict], now: datetime) -> dict:
+def _insert_ignoring_live_duplicates(queue: Queue, rows: list[dict], now: datetime,
+                                    task_path: str) -> dict:
     payload_field = Item._meta.get_field("payload")
     columns = ("queue_id", "account", "identifier", "payload", "priority", "status",
-               "previous_status", "attempts", "run_at", "last_error", "created_at", "updated_at")
+               "previous_status", "attempts", "run_at", "last_error", "created_at", "updated_at",
+               "task_path")
     at = to_db_datetime(now)
     inserted = insert_rows(
         Item, columns,
         [
             (queue.pk, row["account"], row["identifier"],
              payload_field.get_db_prep_save(row["payload"], connection), row["priority"],
-             Status.QUEUED, "", 0, to_db_datetime(row["run_at"]), "", at, at)
+             Status.QUEUED, "", 0, to_db_datetime(row["run_at"]), "", at, at, task_path)
             for row in rows
         ],
         suffix=f"ON CONFLICT (queue_id, identifier) WHERE {_live_status_sql()} DO NOTHING",
@@ -846,9 +867,15 @@ def claimed_by(cluster: str, tokens: Iterable[int] = ()) -> tuple[str, list]:
 def _settle(queue: Queue, outcomes: list[Outcome], *, lost: bool, worker: str,
             actor: str) -> dict[str, TransitionResult]:
     now = timezone.now()
+    # Two outcomes of one item (a rescued item taken back by the batch still running its earlier
+    # attempt): only the later attempt can be current, the earlier one is stale.
+    latest: dict[int, Outcome] = {}
+    for outcome in outcomes:
+        if outcome.attempt >= latest.get(outcome.item_id, outcome).attempt:
+            latest[outcome.item_id] = outcome
     groups: dict[str, dict[int, dict]] = {"complete": {}, "retry": {}, "fail": {}}
     fences: dict[int, int] = {}
-    for outcome in outcomes:
+    for outcome in latest.values():
         fences[outcome.item_id] = outcome.attempt
         data = {"worker": outcome.worker or worker, "error": outcome.error,
                 "traceback": outcome.traceback, "result": outcome.result,

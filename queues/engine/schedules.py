@@ -7,6 +7,8 @@ SCHEDULES = [
     # fill their batch, so throughput is not capped at one batch per tick.
     {"name": "queueadmin: selector", "func": "queues.engine.selector.tick", "minutes": 1},
     {"name": "queueadmin: sweeper", "func": "queues.engine.sweeper.run", "minutes": 5},
+    # The charts' per-minute history; a run rewrites every minute since the last one.
+    {"name": "queueadmin: history", "func": "queues.engine.history.run", "minutes": 1},
 ]
 
 

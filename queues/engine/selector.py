@@ -39,10 +39,17 @@ READY_SQL = "status IN ('queued', 'retry')"  # the ready-set partial index's pre
 IDLE_SECONDS = 1.0  # longest wait between passes when nothing wakes the loop
 SQLITE_POLL_SECONDS = 0.25
 COALESCE_SECONDS = 0.05
+# Freed capacity under half a batch is left to the running batches' top-ups this long; past it,
+# their threads are all busy, and a small batch of its own is better than idle capacity.
+FILL_GRACE_SECONDS = 0.1
 RENEW_SECONDS = 0.5  # a waiting successor takes over within about this long
 RESCUE_SECONDS = 5.0
 # The loop ends this long before the django-q2 task timeout would kill it.
 LOOP_MARGIN_SECONDS = 30
+# Why a round did not select (Round.skipped), where a caller acts on it.
+BUSY = "busy"
+FULL = "full"
+HELD_BACK = "waiting for a fuller batch"
 ROUND_COLUMNS = ("queue_id", "started_at", "duration_ms", "taken", "accounts", "allocation",
                  "cursor")
 
@@ -67,14 +74,15 @@ class Round:
         return self.capacity > 0 and self.total == self.capacity
 
 
-def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None) -> Round:
+def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None,
+              hold_small: bool = True) -> Round:
     """One round. The selector loop's rounds hand their batch to a new worker task; a running
     batch with idle threads asks for at most `limit` items `for_cluster` (its own) and gets them
     claimed for it, in the same transaction, to run at once."""
     result = Round(queue=queue.key)
     with transaction.atomic():
         if not _try_lock(queue):
-            result.skipped = "busy"
+            result.skipped = BUSY
             return result
         # Timed from holding the lock to just before commit, so recorded rounds of one queue
         # never overlap.
@@ -88,7 +96,7 @@ def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None) 
         if limit is not None:
             result.capacity = min(result.capacity, limit)
         if result.capacity <= 0:
-            result.skipped = "full"
+            result.skipped = FULL
             return result
         # Most queues have no account policies: then there is nothing to read.
         policies = list(AccountPolicy.objects.filter(queue=queue)) if state.has_policies else []
@@ -96,13 +104,13 @@ def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None) 
         accounts = _next_accounts(queue, now, previous_cursor, result.capacity, excluded)
         demand, plan, cursor = _plan(queue, now, accounts, result.capacity, previous_cursor,
                                      caps, weights)
-        if (not for_cluster and state.in_flight and result.capacity < _fill(queue)
+        if (hold_small and not for_cluster and state.in_flight and result.capacity < _fill(queue)
                 and sum(plan.values()) == result.capacity
                 and _ready_beyond(queue, now, result.capacity)):
             # Under a backlog, a little freed capacity is left to the running batches, which
             # take it at once (worker top-ups); a new batch waits until half a batch is free,
             # so that it is worth a worker task.
-            result.skipped = "waiting for a fuller batch"
+            result.skipped = HELD_BACK
             return result
         if plan and sum(plan.values()) == sum(demand.values()):
             # All the demand we read was met, but it may be only the next accounts of a longer
@@ -147,6 +155,7 @@ def tick(seconds: float | None = None, idle_sleep: float = IDLE_SECONDS) -> dict
     taken: Counter = Counter()
     deadline = time.monotonic() + seconds
     renew_at = rescue_at = 0.0
+    held_since: dict[int, float] = {}  # queue id: when a small batch was first held back
     try:
         with _Wakeups() as wakeups:
             while time.monotonic() < deadline and heartbeat.stopping_since() is None:
@@ -162,12 +171,22 @@ def tick(seconds: float | None = None, idle_sleep: float = IDLE_SECONDS) -> dict
                     rescue_at = time.monotonic() + RESCUE_SECONDS
                 go_on = False
                 for queue in Queue.objects.filter(paused=False):
-                    result = run_round(queue)
+                    held = held_since.get(queue.pk)
+                    result = run_round(queue, hold_small=held is None or
+                                       time.monotonic() - held < FILL_GRACE_SECONDS)
+                    if result.skipped == HELD_BACK:
+                        held_since.setdefault(queue.pk, time.monotonic())
+                    else:
+                        held_since.pop(queue.pk, None)
                     taken[queue.key] += result.total
                     go_on |= result.filled
                 if not go_on:
-                    wakeups.wait(min(idle_sleep, max(0.0, deadline - time.monotonic()),
-                                     max(0.0, renew_at - time.monotonic())))
+                    wait = min(idle_sleep, max(0.0, deadline - time.monotonic()),
+                               max(0.0, renew_at - time.monotonic()))
+                    if held_since:
+                        wait = min(wait, max(0.0, min(held_since.values()) + FILL_GRACE_SECONDS
+                                             - time.monotonic()))
+                    wakeups.wait(wait)
     finally:
         lease.release(me)
     if any(taken.values()):

@@ -1,5 +1,6 @@
 """The sweeper: rescues items whose worker vanished, prunes what is past retention, folds the
-counter deltas, and records every run (empty ones too) as its liveness signal.
+counter deltas, ranks the accounts for the accounts page, and records every run (empty ones too)
+as its liveness signal.
 
 Each step handles one bounded batch in one short transaction and says whether to go on at
 once; `run` repeats steps for a while. Steps are safe to repeat and to race: rescue goes through
@@ -14,7 +15,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queues.engine import bulk, counters, heartbeat, lifecycle
+from queues.engine import account_stats, bulk, counters, heartbeat, lifecycle
 from queues.engine.db import is_postgres, to_db_datetime
 from queues.engine.logfields import item_fields
 from queues.models import (
@@ -55,6 +56,9 @@ def run(seconds: float = 240.0) -> dict[str, int] | None:
         totals["counter deltas folded"] += counters.rollup()
         totals["bulk operations resumed"] += bulk.resume_lost(
             timezone.now() - BULK_STEP_LOST_AFTER)
+        # Last, so that the ranking counts the items this run rescued. Once per run (5 minutes)
+        # rather than every minute: it reads every ready item, and the page says its age.
+        totals["accounts ranked"] += account_stats.refresh_all()
     counts = {action: n for action, n in totals.items() if n}
     record_run(started, counts)
     if counts:

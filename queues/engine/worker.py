@@ -92,8 +92,10 @@ class BatchRun:
         self.threads_alive = 0
         self.work: queues.SimpleQueue = queues.SimpleQueue()
         self.results: queues.SimpleQueue = queues.SimpleQueue()
-        self.running: dict[int, _Running] = {}
-        self.abandoned: set[int] = set()
+        # By (item id, attempt): a rescued item can come back to this batch through a top-up
+        # while its earlier attempt's handler still runs here.
+        self.running: dict[tuple[int, int], _Running] = {}
+        self.abandoned: set[tuple[int, int]] = set()
 
     def run(self) -> dict[str, int]:
         while self.pending or self.running:
@@ -102,33 +104,44 @@ class BatchRun:
                 self._release(SHUTDOWN if stopping is not None
                               else "its batch ran out of time before starting it")
             free = self.threads_wanted - len(self.running)
-            if not self.pending and stopping is None and self._may_top_up(free):
+            if self._may_top_up(free, stopping) and time.monotonic() >= self.top_up_after:
                 self._top_up(free)
             if self.pending and free > 0:
                 self._start(self.pending[:free])
-            outcomes = self._collect()
+            # An idle thread waits for its next top-up, not for the next outcome.
+            free = self.threads_wanted - len(self.running)
+            outcomes = self._collect(self.top_up_after if self._may_top_up(free, stopping)
+                                     else None)
             outcomes += self._overdue(stopping)
             self._record(outcomes)
         for _ in range(self.threads_alive):
             self.work.put(None)  # idle handler threads end
         return dict(self.summary)
 
-    def _may_top_up(self, free: int) -> bool:
-        now = time.monotonic()
-        return (self.running and free > 0
-                and now >= self.top_up_after and now < self.start_until
-                and not _other_batches_wait(self.queue))
+    def _may_top_up(self, free: int, stopping: float | None) -> bool:
+        return bool(not self.pending and stopping is None and self.running and free > 0
+                    and time.monotonic() < self.start_until)
 
     def _top_up(self, free: int):
         """First the queue's items whose batch still waits for a worker process (one held by a
         long item, say), then ready items through a selector round of our own."""
+        if _other_batches_wait(self.queue):
+            # Their batch needs a worker process: this one should end rather than grow.
+            self.top_up_after = time.monotonic() + TOP_UP_RETRY_SECONDS
+            return
         batch = _retrying(lambda: lifecycle.claim_waiting(self.queue.pk, self.cluster, free))
+        contended = False
         if not batch:
             # Refreshed: an operator may have paused the queue or changed its concurrency.
             self.queue.refresh_from_db()
-            batch = _retrying(lambda: selector.run_round(
-                self.queue, for_cluster=self.cluster, limit=free)).batch
-        self.top_up_after = time.monotonic() + (TOP_UP_SECONDS if batch else TOP_UP_RETRY_SECONDS)
+            round_ = _retrying(lambda: selector.run_round(
+                self.queue, for_cluster=self.cluster, limit=free))
+            batch = round_.batch
+            # Another round of the queue ran meanwhile, or took the capacity ours freed: ask
+            # again soon. Only an empty or paused queue is worth the longer wait.
+            contended = round_.skipped in (selector.BUSY, selector.FULL)
+        self.top_up_after = time.monotonic() + (
+            TOP_UP_SECONDS if batch or contended else TOP_UP_RETRY_SECONDS)
         if not batch:
             return
         self.tokens.update({pk: token for pk, _, token in batch})
@@ -159,12 +172,13 @@ class BatchRun:
             return
         now = time.monotonic()
         rows = Item.objects.filter(pk__in=result.changed_ids).values(
-            "id", "account", "identifier", "payload", "attempts")
+            "id", "account", "identifier", "payload", "attempts", "task_path")
         for row in rows:
             task = Task(item_id=row["id"], queue=self.queue.key, account=row["account"],
                         identifier=row["identifier"], payload=row["payload"],
-                        attempt=row["attempts"], options=self.queue.handler_options)
-            self.running[task.item_id] = _Running(
+                        attempt=row["attempts"], options=self.queue.handler_options,
+                        task_path=row["task_path"])
+            self.running[task.item_id, task.attempt] = _Running(
                 task, now, min(now + self.handler_timeout, self.must_end))
             self.work.put(task)
         while self.threads_alive < len(self.running):
@@ -177,15 +191,18 @@ class BatchRun:
         batch replaced it then)."""
         while (task := self.work.get()) is not None:
             self.results.put(_run_one(self.function, task))
-            if task.item_id in self.abandoned:
+            if (task.item_id, task.attempt) in self.abandoned:
                 return
 
-    def _collect(self) -> list[lifecycle.Outcome]:
-        """Outcomes that arrived, waiting for the first until the nearest deadline."""
+    def _collect(self, top_up_at: float | None) -> list[lifecycle.Outcome]:
+        """Outcomes that arrived, waiting for the first until the nearest deadline (or the next
+        top-up)."""
         if not self.running:
             return []
         now = time.monotonic()
         wait = min([WAIT_SECONDS, *(r.deadline - now for r in self.running.values())])
+        if top_up_at is not None:
+            wait = min(wait, top_up_at - now)
         outcomes = []
         try:
             outcomes.append(self.results.get(timeout=max(0.0, wait)))
@@ -194,7 +211,7 @@ class BatchRun:
         except queues.Empty:
             pass
         # A late outcome of an abandoned attempt was recorded as timed out already.
-        return [o for o in outcomes if self.running.pop(o.item_id, None) is not None]
+        return [o for o in outcomes if self.running.pop((o.item_id, o.attempt), None) is not None]
 
     def _overdue(self, stopping: float | None) -> list[lifecycle.Outcome]:
         """Attempts past their handler timeout, and, once a shutdown's grace is over, every
@@ -203,7 +220,7 @@ class BatchRun:
         grace_over = (stopping is not None and time.time() - stopping
                       > setting("SHUTDOWN_GRACE_SECONDS"))
         outcomes = []
-        for item_id, running in list(self.running.items()):
+        for key, running in list(self.running.items()):
             if grace_over:
                 error, delay = SHUTDOWN, 0
             elif now >= running.deadline:
@@ -212,11 +229,11 @@ class BatchRun:
                 delay = None
             else:
                 continue
-            del self.running[item_id]
-            self.abandoned.add(item_id)
+            del self.running[key]
+            self.abandoned.add(key)
             self.threads_alive -= 1
-            outcomes.append(lifecycle.Outcome(item_id, running.task.attempt, error=error,
-                                              delay=delay))
+            item_id, attempt = key
+            outcomes.append(lifecycle.Outcome(item_id, attempt, error=error, delay=delay))
         return outcomes
 
     def _record(self, outcomes: list[lifecycle.Outcome]):

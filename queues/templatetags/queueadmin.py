@@ -34,15 +34,17 @@ def relative(moment: datetime | None, now: datetime | None = None):
 @register.simple_tag
 def when(moment: datetime | str | None, now: datetime | None = None):
     """A time shown one way everywhere: absolute in the user's time zone with the zone named,
-    and relative beside it. Takes a datetime or the ISO text a stored filter keeps."""
+    and relative beside it. Takes a datetime or the ISO text a stored filter keeps. The page
+    keeps the relative part true as it ages (data-relative: dashboard.js rewrites it from the
+    datetime attribute in these words)."""
     if isinstance(moment, str):
         moment = parse_datetime(moment)
     if moment is None:
         return "—"
     now = now or timezone.now()
     exact = timezone.localtime(moment)
-    return format_html('<time datetime="{}">{} <span class="muted">({})</span></time>',
-                       moment.isoformat(), exact.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    return format_html('<time datetime="{}">{} <span class="muted" data-relative>({})</span>'
+                       '</time>', moment.isoformat(), exact.strftime("%Y-%m-%d %H:%M:%S %Z"),
                        relative_words(moment - now))
 
 
@@ -72,7 +74,8 @@ FILTER_WORDS = {"kind": "action", "statuses": "statuses", "clock": "range over",
                 "created_from": "from", "created_to": "to", "snapshot_at": "as of",
                 "account": "account", "identifier_prefix": "identifier starts with",
                 "error_contains": "error contains", "error_group": "error group",
-                "payload": "payload field", "reason": "dead-letter reason", "ids": "selected items"}
+                "payload": "payload field", "task": "task", "reason": "dead-letter reason",
+                "ids": "selected items"}
 
 
 @register.simple_tag

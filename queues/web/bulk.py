@@ -55,7 +55,7 @@ def bulk_page(request, key):
                     data["created_to"], data["account"], data["error"], ids=data["ids"],
                     reason=data["reason"], clock=data["clock"],
                     identifier_prefix=data["identifier"], error_group=data["group"],
-                    payload=data["payload"].text if data["payload"] else "")
+                    payload=data["payload"].text if data["payload"] else "", task=data["task"])
             except bulk.BulkError as error:
                 context["error"], status = error.message, 422
             else:

@@ -1,6 +1,7 @@
 """Forms that parse the dashboard's query strings and posts: each one an allow-list of fields,
 so a view never passes request data to the ORM as it came."""
 
+import re
 import zoneinfo
 from datetime import timedelta
 from urllib.parse import urlencode
@@ -16,11 +17,13 @@ from queues.models import (
     FINISHED_STATUSES,
     MAX_ACCOUNT_LENGTH,
     MAX_IDENTIFIER_LENGTH,
+    MAX_TASK_PATH_LENGTH,
     Queue,
     Status,
+    UserPreference,
     time_in_bounds,
 )
-from queues.web.queries import parse_cursor
+from queues.web.queries import ACCOUNT_ORDERS, parse_account_cursor, parse_cursor
 
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 MAX_RANGE = timedelta(days=366)
@@ -28,6 +31,7 @@ DEAD_LETTER_REASONS = [
     ("", "Any reason"), ("permanent", "Permanent error"), ("exhausted", "Retries exhausted"),
     ("worker lost", "Worker lost")]
 DATETIME_LOCAL = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"]
+TASK_PATH = re.compile(r"^[^\W\d]\w*(\.[^\W\d]\w*)+$")
 # Which time a range bounds; an empty choice means the natural one for what is asked.
 CLOCK_CHOICES = [("enqueued", "Enqueued"), ("finished", "Finished / failed"),
                  ("updated", "Last updated"), ("next_run", "Next run")]
@@ -86,6 +90,15 @@ class ItemFilters(forms.Form):
     group = forms.CharField(required=False, max_length=MESSAGE_LIMIT, label="Error group")
     payload = forms.CharField(required=False, max_length=300, label="Payload field",
                               help_text="path = value, e.g. customer.id = 42")
+    task = forms.CharField(required=False, max_length=MAX_TASK_PATH_LENGTH, label="Task",
+                           help_text="a django.tasks task's path, e.g. billing.tasks.send_invoice")
+
+    def clean_task(self) -> str:
+        task = self.cleaned_data["task"]
+        if task and not TASK_PATH.match(task):
+            raise forms.ValidationError("Name a task by its module path, e.g. "
+                                        "billing.tasks.send_invoice.")
+        return task
 
     def clean_payload(self) -> PayloadCondition | None:
         text = self.cleaned_data["payload"]
@@ -144,7 +157,8 @@ class ItemFilterForm(TimeRangeForm, ItemFilters):
         query = {"kind": kind, "preview": "1", "status": statuses, "clock": data["clock"],
                  "account": data.get("account", ""), "identifier": data.get("identifier", ""),
                  "error": data.get("error", ""), "group": data.get("group", ""),
-                 "payload": data["payload"].text if data.get("payload") else ""}
+                 "payload": data["payload"].text if data.get("payload") else "",
+                 "task": data.get("task", "")}
         period = data.get("period")
         if period in PERIODS:
             query["period"] = period
@@ -172,8 +186,27 @@ class AccountForm(forms.Form):
 
 
 class AccountsForm(forms.Form):
+    """The accounts page's order and page position: `after` (an account key) in key order,
+    `cursor` (opaque, from queries.account_cursor) in the others."""
+
+    sort = forms.ChoiceField(required=False, label="Order", choices=[("", "Account")] + [
+        (key, order.words.capitalize()) for key, order in ACCOUNT_ORDERS.items()],
+        error_messages={"invalid_choice": "The list has no order “%(value)s”; choose one by "
+                                          "its column header."})
     after = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH,
                             widget=forms.HiddenInput)
+    # An account of 200 characters, escaped in JSON and base64-encoded, with its signature.
+    cursor = forms.CharField(required=False, max_length=4000, widget=forms.HiddenInput,
+                             label="Page position")
+
+    def clean(self):
+        data = super().clean()
+        if data.get("cursor") and "sort" in data:
+            data["cursor"] = parse_account_cursor(data["sort"], data["cursor"])
+            if data["cursor"] is None:
+                self.add_error("cursor", "Not a page of this list; start again from its first "
+                                         "page.")
+        return data
 
 
 class RunSelectorForm(forms.Form):
@@ -184,8 +217,10 @@ def _time_zone_choices():
     return [(name, name) for name in sorted(zoneinfo.available_timezones())]
 
 
-class TimeZoneForm(forms.Form):
+class PreferencesForm(forms.Form):
     time_zone = forms.ChoiceField(choices=_time_zone_choices, label="Time zone")
+    theme = forms.ChoiceField(choices=UserPreference.Theme.choices, widget=forms.RadioSelect,
+                              label="Theme")
 
 
 class BulkForm(TimeRangeForm, ItemFilters):

@@ -38,6 +38,12 @@ def _mask(value, names: set[str]):
 
 def payload_for(user, item):
     """The payload as this user may see it: whole for Operators and Admins, masked for Viewers."""
+    return value_for(user, item.queue, item.payload)
+
+
+def value_for(user, queue, value):
+    """A JSON value of one of the queue's items (its payload, what a task returned) as this user
+    may see it."""
     if can_operate(user):
-        return item.payload
-    return mask_payload(item.payload, item.queue.sensitive_keys)
+        return value
+    return mask_payload(value, queue.sensitive_keys)

@@ -25,12 +25,12 @@ from queues.web.forms import (
     AccountsForm,
     DeadLetterFilterForm,
     ItemFilterForm,
+    PreferencesForm,
     QueueFilterForm,
     RunSelectorForm,
     SearchForm,
-    TimeZoneForm,
 )
-from queues.web.middleware import SESSION_KEY
+from queues.web.middleware import SESSION_KEY, THEME_SESSION_KEY
 
 # Buttons on the item page -> lifecycle transitions.
 ITEM_ACTIONS = {"retry": "requeue", "cancel": "cancel", "run-now": "run_now"}
@@ -88,9 +88,11 @@ def item_detail(request, pk):
     if request.htmx:
         return render_page(request, "queues/_item_summary.html",
                       {"detail": queries.item_detail(item, now), "now": now})
+    detail = queries.item_detail(item, now)
     return render_page(request, "queues/item_detail.html", {
-        "detail": queries.item_detail(item, now), "now": now,
+        "detail": detail, "now": now,
         "payload": masking.payload_for(request.user, item),
+        "result": masking.value_for(request.user, item.queue, detail.result),
         "queue_counts": counters.status_counts([item.queue_id])[item.queue_id]})
 
 
@@ -146,11 +148,11 @@ def queue_errors(request, key):
 def queue_accounts(request, key):
     queue = get_object_or_404(Queue, key=key)
     form = AccountsForm(request.GET)
-    after = form.cleaned_data["after"] if form.is_valid() else ""
     now = timezone.now()
+    page = queries.accounts_page(queue, form.cleaned_data, now) if form.is_valid() else None
     return _page_or_fragment(request, "queues/accounts.html", "queues/_account_table.html",
-                             {"queue": queue, "page": queries.accounts_page(queue, after, now),
-                              "now": now, "after": after})
+                             {"queue": queue, "form": form, "page": page, "now": now},
+                             status=200 if page else 400)
 
 
 @require_GET
@@ -231,14 +233,17 @@ def dead_letters(request):
 @require_http_methods(["GET", "POST"])
 @viewer_required
 def preferences(request):
-    current = request.session.get(SESSION_KEY, "UTC")
-    form = TimeZoneForm(request.POST or None, initial={"time_zone": current})
+    form = PreferencesForm(request.POST or None, initial={
+        "time_zone": request.session.get(SESSION_KEY, "UTC"),
+        "theme": request.session.get(THEME_SESSION_KEY, UserPreference.Theme.SYSTEM)})
     if request.method == "POST" and form.is_valid():
-        time_zone = form.cleaned_data["time_zone"]
-        UserPreference.objects.update_or_create(user=request.user,
-                                                defaults={"time_zone": time_zone})
-        request.session[SESSION_KEY] = time_zone
-        messages.success(request, f"Times are now shown in {time_zone}.")
+        chosen = form.cleaned_data
+        UserPreference.objects.update_or_create(user=request.user, defaults=chosen)
+        request.session[SESSION_KEY] = chosen["time_zone"]
+        request.session[THEME_SESSION_KEY] = chosen["theme"]
+        theme = UserPreference.Theme(chosen["theme"]).label
+        messages.success(request, f"Saved. Times are shown in {chosen['time_zone']}; "
+                                  f"theme: {theme}.")
         return redirect("queues:preferences")
     return render_page(request, "queues/preferences.html", {"form": form},
                        status=400 if form.is_bound else 200)

@@ -28,6 +28,7 @@ from queues.engine import stream
 from queues.engine.stream import Cursor, Filters
 from queues.models import MAX_ACCOUNT_LENGTH, Queue, Status
 from queues.permissions import VIEWER, has_role, render_page, viewer_required
+from queues.templatetags.queueadmin import when
 from queues.web.middleware import SESSION_KEY
 
 HEARTBEAT_SECONDS = 15.0  # a comment line this often keeps proxies from closing an idle stream
@@ -79,16 +80,20 @@ def _queue_keys() -> dict[int, str]:
 def render_rows(events: list[stream.StreamEvent], queue_keys: dict[int, str],
                 show_queue: bool) -> str:
     """Escaped table rows, oldest first, one per line. Each row is rendered once per process
-    and display variant: every open stream shows the same new events."""
-    zone = timezone.get_current_timezone_name()
+    and display variant: every open stream shows the same new events. The time, shown as on
+    every page (`when`: absolute in the user's zone, and relative to now), is part of the
+    variant, so a row kept from earlier never says "now" of an event long past."""
+    now = timezone.now()
     rows = []
     for event in events:
-        key = (event.id, show_queue, zone)
+        shown_at = when(event.at, now)
+        key = (event.id, show_queue, shown_at)
         row = _rendered.get(key)
         if row is None:
             row = render_to_string("queues/_stream_row.html", {
                 "event": event, "label": EVENT_LABELS.get(event.transition, event.transition),
                 "queue_key": queue_keys.get(event.queue_id, ""), "show_queue": show_queue,
+                "shown_at": shown_at,
             }).replace("\n", "")
             _rendered[key] = row
             if len(_rendered) > RENDERED_ROWS:

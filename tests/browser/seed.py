@@ -7,7 +7,7 @@ from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from queues import enqueue
-from queues.models import Attempt, Item
+from queues.models import Attempt, Item, Queue
 from tests.factories import QueueFactory, item_in_status, items_in_status
 
 PASSWORD = "browser-test-password-1"
@@ -46,3 +46,11 @@ def seed_headline():
         Item.objects.filter(pk__in=[i.pk for i in items]).update(
             created_at=now - timedelta(days=3), finished_at=now - failed_ago)
     items_in_status(queue, "queued", 2, prefix="waiting", account="tenant-2")
+
+
+def seed_alerting():
+    """seed(), with the Emails queue over every alert threshold, so that the overview shows its
+    longest badges."""
+    seed()
+    Queue.objects.filter(key="emails").update(alert_dead_letters=0, alert_depth=0,
+                                              alert_failures_per_hour=0)

@@ -95,11 +95,16 @@ def axe_source() -> str:
     return AXE.read_text()
 
 
+def artifact(name: str) -> Path:
+    """Where a screenshot called `name` goes (one per database vendor)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS / f"{name}-{connection.vendor}.png"
+
+
 def check_accessibility(page, axe: str, name: str):
     """axe-core in the page (through the DevTools protocol, which the CSP does not block);
     serious and critical violations fail the test. Saves a screenshot as an artifact."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=ARTIFACTS / f"{name}-{connection.vendor}.png", full_page=True)
+    page.screenshot(path=artifact(name), full_page=True)
     page.evaluate(axe)
     result = page.evaluate("axe.run(document, {resultTypes: ['violations']})")
     bad = [(v["id"], v["impact"], [n["target"] for n in v["nodes"]][:3])

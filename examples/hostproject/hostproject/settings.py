@@ -80,6 +80,15 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # QueueAdmin's worker clusters: `manage.py qcluster`.
 Q_CLUSTER = q_cluster(name="hostproject", workers=2)
 
+# Django's tasks framework runs on QueueAdmin (billing/tasks.py): each task goes to the queue its
+# queue_name names, created on first use, for the tenant of the enqueue's `tenant()` block.
+TASKS = {
+    "default": {
+        "BACKEND": "queues.tasks_backend.QueueAdminBackend",
+        "QUEUES": ["billing-tasks"],
+    }
+}
+
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/ops/queues/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"

@@ -53,20 +53,24 @@
     }
   });
 
-  // hx-confirm asks in the page's own dialog, not the browser's confirm().
+  // hx-confirm asks in the page's own dialog, not the browser's confirm(); so do shortcuts.
+  function askInDialog(question, label, then) {
+    var dialog = document.getElementById("confirm-dialog");
+    document.getElementById("confirm-dialog-text").textContent = question;
+    document.getElementById("confirm-dialog-ok").textContent = label || "Confirm";
+    dialog.returnValue = "";
+    dialog.addEventListener("close", function answered() {
+      dialog.removeEventListener("close", answered);
+      if (dialog.returnValue === "confirm") { then(); }
+    });
+    dialog.showModal();
+  }
   document.addEventListener("htmx:confirm", function (event) {
     var dialog = document.getElementById("confirm-dialog");
     if (!event.detail.question || !dialog || !dialog.showModal) { return; }
     event.preventDefault();
-    document.getElementById("confirm-dialog-text").textContent = event.detail.question;
-    document.getElementById("confirm-dialog-ok").textContent =
-      event.detail.elt.getAttribute("data-confirm-label") || "Confirm";
-    dialog.returnValue = "";
-    dialog.addEventListener("close", function answered() {
-      dialog.removeEventListener("close", answered);
-      if (dialog.returnValue === "confirm") { event.detail.issueRequest(true); }
-    });
-    dialog.showModal();
+    askInDialog(event.detail.question, event.detail.elt.getAttribute("data-confirm-label"),
+                function () { event.detail.issueRequest(true); });
   });
 
   // The item list's select-all box selects the page, then offers every matching item.
@@ -78,6 +82,50 @@
     list.querySelectorAll("[data-select-more]").forEach(function (more) { more.hidden = !box.checked; });
   });
 
+  // Relative times stay true as the page ages: each time shown by the `when` template tag
+  // carries its moment in the datetime attribute, and its relative part (data-relative) is
+  // rewritten every second in the server's words (templatetags/queueadmin.py relative_words).
+  // "Now" is the server's clock: the page says when it was made (data-now on <body>), so a
+  // client clock that is off does not turn "12 s ago" into "in 3 min".
+  var clockOffset = (function () {
+    var made = parseTime(document.body.dataset.now);
+    return isNaN(made) ? 0 : made - Date.now();
+  })();
+
+  function parseTime(text) {
+    // Python writes microseconds; Date.parse is only required to read milliseconds.
+    return Date.parse((text || "").replace(/(\.\d{3})\d+/, "$1"));
+  }
+
+  function durationWords(seconds) {
+    if (seconds < 10) { return seconds.toFixed(1) + " s"; }
+    if (seconds < 60) { return Math.round(seconds) + " s"; }
+    if (seconds < 3600) { return Math.floor(seconds / 60) + " min"; }
+    if (seconds < 86400) {
+      return Math.floor(seconds / 3600) + " h " + Math.floor(seconds % 3600 / 60) + " min";
+    }
+    return Math.floor(seconds / 86400) + " d " + Math.floor(seconds % 86400 / 3600) + " h";
+  }
+
+  function relativeWords(seconds) {
+    if (Math.abs(seconds) < 1) { return "now"; }
+    var words = durationWords(Math.abs(seconds));
+    return seconds > 0 ? "in " + words : words + " ago";
+  }
+
+  function refreshRelativeTimes() {
+    if (document.visibilityState !== "visible") { return; }
+    var now = Date.now() + clockOffset;
+    document.querySelectorAll("time[datetime] [data-relative]").forEach(function (el) {
+      var moment = parseTime(el.closest("time").getAttribute("datetime"));
+      if (!isNaN(moment)) {
+        el.textContent = "(" + relativeWords((moment - now) / 1000) + ")";
+      }
+    });
+  }
+  setInterval(refreshRelativeTimes, 1000);
+  document.addEventListener("visibilitychange", refreshRelativeTimes);
+
   // What an action did, said in a status line for a few seconds (the server sends the words).
   var toastTimer = null;
   document.body.addEventListener("queueadmin:toast", function (event) {
@@ -88,5 +136,131 @@
     toast.hidden = false;
     clearTimeout(toastTimer);
     toastTimer = setTimeout(function () { toast.hidden = true; }, 6000);
+  });
+
+  // A table wider than the screen scrolls in its own box; such a box takes the keyboard focus,
+  // so that the arrow keys scroll it too.
+  function focusableScrollBoxes() {
+    document.querySelectorAll(".table-scroll").forEach(function (box) {
+      if (box.scrollWidth > box.clientWidth) {
+        box.tabIndex = 0;
+      } else {
+        box.removeAttribute("tabindex");
+      }
+    });
+  }
+  focusableScrollBoxes();
+  window.addEventListener("resize", focusableScrollBoxes);
+  document.addEventListener("htmx:afterSettle", focusableScrollBoxes);
+
+  // The header menu on a phone: its button says whether it is open (the CSS shows it then).
+  var menuToggle = document.querySelector(".menu-toggle");
+  function setMenu(open) {
+    if (menuToggle) { menuToggle.setAttribute("aria-expanded", open ? "true" : "false"); }
+  }
+  document.addEventListener("click", function (event) {
+    if (menuToggle && event.target.closest(".menu-toggle")) {
+      setMenu(menuToggle.getAttribute("aria-expanded") !== "true");
+    }
+    if (event.target.closest("[data-shortcuts-open]")) { openShortcuts(); }
+  });
+
+  function openShortcuts() {
+    var dialog = document.getElementById("shortcuts-dialog");
+    if (!dialog || dialog.open) { return false; }
+    dialog.showModal();
+    return true;
+  }
+
+  // Keyboard shortcuts, listed in #shortcuts-dialog. Elements say which key acts on them
+  // (data-shortcut); a field takes the focus, anything else is clicked, after the confirmation
+  // dialog when it carries data-shortcut-confirm.
+  function runShortcut(keys) {
+    var target = document.querySelector('[data-shortcut="' + keys + '"]');
+    if (!target) { return false; }
+    if (target.matches("input, textarea, select")) {
+      var menu = menuToggle && document.getElementById(menuToggle.getAttribute("aria-controls"));
+      if (menu && menu.contains(target)) { setMenu(true); }
+      target.focus();
+      target.select();
+    } else if (target.hasAttribute("data-shortcut-confirm")) {
+      askInDialog(target.getAttribute("data-shortcut-confirm"),
+                  target.getAttribute("data-confirm-label"), function () { target.click(); });
+    } else {
+      target.click();
+    }
+    return true;
+  }
+
+  // j and k move a selection through the rows of the page's lists: rows that link somewhere.
+  // The selected row's first link takes the focus, so Enter opens it and screen readers say it.
+  // htmx swaps replace rows, so the selection is kept as that link's address, not as a node.
+  var selectedHref = null;
+  function listRows() {
+    return Array.prototype.filter.call(document.querySelectorAll("main tbody tr"), function (row) {
+      return row.querySelector("a[href]") && row.getClientRects().length > 0;
+    });
+  }
+  function markSelected(row) {
+    document.querySelectorAll("tr[data-selected]").forEach(function (other) {
+      other.removeAttribute("data-selected");
+    });
+    if (row) { row.setAttribute("data-selected", ""); }
+  }
+  function moveSelection(step) {
+    var rows = listRows();
+    if (!rows.length) { return false; }
+    var focused = document.activeElement && document.activeElement.closest("main tbody tr");
+    var from = rows.indexOf(focused) >= 0 ? focused
+                                          : document.querySelector("main tr[data-selected]");
+    var at = rows.indexOf(from);
+    var next = at < 0 ? (step > 0 ? 0 : rows.length - 1)
+                      : Math.min(Math.max(at + step, 0), rows.length - 1);
+    var link = rows[next].querySelector("a[href]");
+    selectedHref = link.getAttribute("href");
+    markSelected(rows[next]);
+    link.focus();
+    return true;
+  }
+  document.addEventListener("htmx:afterSettle", function () {
+    if (selectedHref === null) { return; }
+    markSelected(listRows().filter(function (row) {
+      return row.querySelector("a[href]").getAttribute("href") === selectedHref;
+    })[0]);
+  });
+
+  // Never while the user types, nor with a modifier (those keys belong to the browser), nor
+  // while a dialog is open (it has its own keys: Escape closes it).
+  var TYPING = "input, textarea, select";
+  var INTERACTIVE = "a[href], button, summary, input, textarea, select";
+  var SEQUENCE_MS = 1500;
+  var gAt = 0;
+  document.addEventListener("keydown", function (event) {
+    var target = event.target;
+    if (event.defaultPrevented || event.ctrlKey || event.metaKey || event.altKey ||
+        event.isComposing || !target.closest || target.closest(TYPING) ||
+        target.isContentEditable || document.querySelector("dialog[open]")) { return; }
+    var afterG = event.key === "q" && Date.now() - gAt < SEQUENCE_MS;
+    gAt = event.key === "g" ? Date.now() : 0;
+    var handled = false;
+    if (afterG) {
+      handled = runShortcut("g q");
+    } else if (event.key === "/" || event.key === "r") {
+      handled = runShortcut(event.key);
+    } else if (event.key === "?") {
+      handled = openShortcuts();
+    } else if (event.key === "j" || event.key === "k") {
+      handled = moveSelection(event.key === "j" ? 1 : -1);
+    } else if (event.key === "Enter" && !target.closest(INTERACTIVE)) {
+      var row = document.querySelector("main tr[data-selected]");
+      if (row) { row.querySelector("a[href]").click(); }
+      handled = Boolean(row);
+    } else if (event.key === "Escape" && menuToggle &&
+               menuToggle.getAttribute("aria-expanded") === "true") {
+      setMenu(false);
+      menuToggle.focus();
+      handled = true;
+    }
+    if (handled) { event.preventDefault(); }
   });
 })();
