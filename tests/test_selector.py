@@ -16,12 +16,14 @@ from queues.models import (
     ClusterHeartbeat,
     Item,
     ItemEvent,
+    SelectorLease,
     SelectorRound,
     SelectorState,
     Status,
     SweepRun,
 )
 from tests.factories import AccountPolicyFactory, QueueFactory
+from tests.flaky_database import failing_statements
 
 pytestmark = pytest.mark.django_db
 
@@ -332,3 +334,16 @@ def test_the_selector_loop_rescues_the_items_of_a_silent_cluster_and_records_it(
     assert item.attempts == 1 and item.cluster == ""
     assert SweepRun.objects.get().counts == {
         "dispatched items of silent clusters released": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_selector_loop_waits_out_failing_statements_and_dispatches_everything(monkeypatch):
+    monkeypatch.setattr(selector, "DATABASE_RETRY_SECONDS", 0.01)
+    queue = QueueFactory(batch_size=5)
+    put(queue, "acme", 12)
+    # The lease is spared: a tick that cannot take it ends, and the next schedule starts anew.
+    with failing_statements(rate=0.2, spare=SelectorLease._meta.db_table) as failed:
+        taken = selector.tick(seconds=1.5, idle_sleep=0.05)
+    assert failed
+    assert taken == {queue.key: 12}
+    assert Item.objects.filter(status=Status.DISPATCHED).count() == 12

@@ -12,11 +12,12 @@ from django.utils import timezone
 
 from queues import enqueue_many
 from queues.bench import processes
-from queues.engine import handlers, heartbeat, lifecycle, selector
+from queues.engine import handlers, heartbeat, lifecycle, selector, worker
 from queues.engine.handlers import PermanentError, RetryableError
 from queues.engine.worker import TOP_UP_SECONDS, BatchRun, run_batch
 from queues.models import Attempt, DeadLetter, Item, ItemEvent, Status
 from tests.factories import QueueFactory
+from tests.flaky_database import failing_statements
 
 pytestmark = pytest.mark.django_db
 behaviour = {}
@@ -370,3 +371,35 @@ def test_a_rescued_item_taken_back_by_its_own_batch_runs_its_new_attempt_to_the_
     assert list(Attempt.objects.filter(item__identifier="gate-1").order_by("number")
                 .values_list("number", "outcome")) == [(1, "lost"), (2, "complete")]
     assert outcome["complete"] == 2 and outcome["taken while running"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_waits_out_failing_statements_and_runs_every_item_exactly_once(monkeypatch, gate):
+    monkeypatch.setattr(worker, "DATABASE_PAUSE_SECONDS", 0.01)
+    queue = QueueFactory(handler="test-gated", batch_size=2)
+    batch = dispatched_batch(queue, ["gate-1", "quick-0"])
+    # The gated item keeps the batch alive while its top-ups take the rest.
+    enqueue_many(queue.key, [{"account": "acme", "identifier": f"quick-{i}"} for i in range(1, 9)])
+    failed, outcome = [], {}
+
+    def run():
+        try:
+            with failing_statements(rate=0.2) as failures:
+                outcome.update(run_batch(queue.pk, batch))
+            failed.extend(failures)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert processes.wait_for(lambda: Item.objects.filter(
+            identifier__startswith="quick-", status=Status.COMPLETE).count() == 9, 20)
+    finally:
+        gate.set()
+        thread.join(20)
+    assert failed  # the batch met failures and went on
+    assert outcome == {"complete": 10, "taken while running": 8}
+    completions = Counter(ItemEvent.objects.filter(transition="completed")
+                          .values_list("item_id", flat=True))
+    assert len(completions) == 10 and set(completions.values()) == {1}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 from django_q.tasks import async_task
@@ -46,6 +46,7 @@ RENEW_SECONDS = 0.5  # a waiting successor takes over within about this long
 RESCUE_SECONDS = 5.0
 # The loop ends this long before the django-q2 task timeout would kill it.
 LOOP_MARGIN_SECONDS = 30
+DATABASE_RETRY_SECONDS = 1.0  # between passes while the database does not answer
 # Why a round did not select (Round.skipped), where a caller acts on it.
 BUSY = "busy"
 FULL = "full"
@@ -159,39 +160,58 @@ def tick(seconds: float | None = None, idle_sleep: float = IDLE_SECONDS) -> dict
     try:
         with _Wakeups() as wakeups:
             while time.monotonic() < deadline and heartbeat.stopping_since() is None:
-                if time.monotonic() >= renew_at:
-                    if lease.renew(me) != lease.HELD:
-                        break
-                    renew_at = time.monotonic() + RENEW_SECONDS
-                if time.monotonic() >= rescue_at:
-                    started = timezone.now()
-                    if rescued := sweeper.rescue_silent_clusters(started):
-                        # Shown with the sweeper's runs: what the loop changed, when.
-                        sweeper.record_run(started, dict(rescued))
-                    rescue_at = time.monotonic() + RESCUE_SECONDS
-                go_on = False
-                for queue in Queue.objects.filter(paused=False):
-                    held = held_since.get(queue.pk)
-                    result = run_round(queue, hold_small=held is None or
-                                       time.monotonic() - held < FILL_GRACE_SECONDS)
-                    if result.skipped == HELD_BACK:
-                        held_since.setdefault(queue.pk, time.monotonic())
-                    else:
-                        held_since.pop(queue.pk, None)
-                    taken[queue.key] += result.total
-                    go_on |= result.filled
-                if not go_on:
-                    wait = min(idle_sleep, max(0.0, deadline - time.monotonic()),
-                               max(0.0, renew_at - time.monotonic()))
-                    if held_since:
-                        wait = min(wait, max(0.0, min(held_since.values()) + FILL_GRACE_SECONDS
-                                             - time.monotonic()))
-                    wakeups.wait(wait)
+                try:
+                    if time.monotonic() >= renew_at:
+                        if lease.renew(me) != lease.HELD:
+                            break
+                        renew_at = time.monotonic() + RENEW_SECONDS
+                    if time.monotonic() >= rescue_at:
+                        _rescue_silent_clusters()
+                        rescue_at = time.monotonic() + RESCUE_SECONDS
+                    if not _pass(held_since, taken):
+                        wait = min(idle_sleep, max(0.0, deadline - time.monotonic()),
+                                   max(0.0, renew_at - time.monotonic()))
+                        if held_since:
+                            wait = min(wait, max(0.0, min(held_since.values())
+                                                 + FILL_GRACE_SECONDS - time.monotonic()))
+                        wakeups.wait(wait)
+                except DatabaseError as exc:
+                    if connection.in_atomic_block:
+                        raise  # the caller's transaction is lost: it must see why
+                    # A database restart is waited out: a tick that ended here would leave the
+                    # queues without a selector until the next schedule, up to 90 s later.
+                    log.warning("selector pass failed, trying again: %s", exc)
+                    connection.close()
+                    time.sleep(DATABASE_RETRY_SECONDS)
     finally:
         lease.release(me)
     if any(taken.values()):
         log.info("selector dispatched %s", dict(taken))
     return dict(taken)
+
+
+def _rescue_silent_clusters():
+    started = timezone.now()
+    if rescued := sweeper.rescue_silent_clusters(started):
+        # Shown with the sweeper's runs: what the loop changed, when.
+        sweeper.record_run(started, dict(rescued))
+
+
+def _pass(held_since: dict[int, float], taken: Counter) -> bool:
+    """A round of every queue that is not paused; True when one filled its batch (go on at
+    once)."""
+    go_on = False
+    for queue in Queue.objects.filter(paused=False):
+        held = held_since.get(queue.pk)
+        result = run_round(queue, hold_small=held is None
+                           or time.monotonic() - held < FILL_GRACE_SECONDS)
+        if result.skipped == HELD_BACK:
+            held_since.setdefault(queue.pk, time.monotonic())
+        else:
+            held_since.pop(queue.pk, None)
+        taken[queue.key] += result.total
+        go_on |= result.filled
+    return go_on
 
 
 class _Wakeups:

@@ -52,13 +52,14 @@ TOP_UP_SECONDS = 0.02
 TOP_UP_RETRY_SECONDS = 0.5
 WAIT_SECONDS = 0.5  # longest wait for an outcome before deadlines and shutdown are checked again
 DATABASE_RETRY_SECONDS = 30  # a database restart during a batch is waited out this long
+DATABASE_PAUSE_SECONDS = 1.0  # between tries of a statement the database did not answer
 SHUTDOWN = "shutdown"
 
 
 def run_batch(queue_id: int, batch: list[list[int]]) -> dict[str, int]:
     """Run the items of one dispatched batch ([id, attempt, dispatch token] each); returns how
     many ended in each outcome, were released, or were stale (no longer this batch's)."""
-    return BatchRun(Queue.objects.get(pk=queue_id), batch).run()
+    return BatchRun(_retrying(lambda: Queue.objects.get(pk=queue_id)), batch).run()
 
 
 @dataclass
@@ -125,7 +126,7 @@ class BatchRun:
     def _top_up(self, free: int):
         """First the queue's items whose batch still waits for a worker process (one held by a
         long item, say), then ready items through a selector round of our own."""
-        if _other_batches_wait(self.queue):
+        if _retrying(lambda: _other_batches_wait(self.queue)):
             # Their batch needs a worker process: this one should end rather than grow.
             self.top_up_after = time.monotonic() + TOP_UP_RETRY_SECONDS
             return
@@ -133,7 +134,7 @@ class BatchRun:
         contended = False
         if not batch:
             # Refreshed: an operator may have paused the queue or changed its concurrency.
-            self.queue.refresh_from_db()
+            _retrying(self.queue.refresh_from_db)
             round_ = _retrying(lambda: selector.run_round(
                 self.queue, for_cluster=self.cluster, limit=free))
             batch = round_.batch
@@ -171,8 +172,10 @@ class BatchRun:
         if not result.changed:
             return
         now = time.monotonic()
-        rows = Item.objects.filter(pk__in=result.changed_ids).values(
-            "id", "account", "identifier", "payload", "attempts", "task_path")
+        # Read inside the retry too: these items are running now, and a batch that died here
+        # would leave them so until the stale threshold, its cluster still beating.
+        rows = _retrying(lambda: list(Item.objects.filter(pk__in=result.changed_ids).values(
+            "id", "account", "identifier", "payload", "attempts", "task_path")))
         for row in rows:
             task = Task(item_id=row["id"], queue=self.queue.key, account=row["account"],
                         identifier=row["identifier"], payload=row["payload"],
@@ -254,8 +257,9 @@ def _other_batches_wait(queue: Queue) -> bool:
 
 
 def _retrying(write):
-    """Run a database write, waiting out a database restart: every write here is fenced, so a
-    repeat after an unanswered commit changes nothing."""
+    """Run a database statement, waiting out a database restart: every write here is fenced, so
+    a repeat after an unanswered commit changes nothing. Every statement of a batch goes through
+    here: one that raised would end the batch and strand its running items."""
     deadline = time.monotonic() + DATABASE_RETRY_SECONDS
     while True:
         try:
@@ -263,9 +267,9 @@ def _retrying(write):
         except DatabaseError as exc:
             if time.monotonic() > deadline or connection.in_atomic_block:
                 raise
-            log.warning("worker write failed, trying again: %s", exc)
+            log.warning("worker statement failed, trying again: %s", exc)
             connection.close()
-            time.sleep(1)
+            time.sleep(DATABASE_PAUSE_SECONDS)
 
 
 def _unknown_handler(name: str):
