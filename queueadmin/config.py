@@ -13,7 +13,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.core.validators import validate_email
 
 from queues.conf import normal_host
 
@@ -58,6 +59,12 @@ class Config:
     metrics_allowed_networks: list
     log_format: str
     require_two_factor_for_admins: bool
+    alert_emails: list[str]
+    alert_webhook_url: str
+    alert_webhook_secret: str
+    alert_reminder_hours: int
+    # Django's EMAIL_* settings (and DEFAULT_FROM_EMAIL), by setting name: how notices are sent.
+    email: dict
 
     @property
     def is_production(self) -> bool:
@@ -119,6 +126,35 @@ def parse_networks(name: str, raw: str) -> list:
                 "commas, e.g. 10.0.0.0/8,192.168.1.7/32"
             ) from None
     return networks
+
+
+def parse_emails(name: str, raw: str) -> list[str]:
+    addresses = [entry.strip() for entry in raw.split(",") if entry.strip()]
+    for address in addresses:
+        try:
+            validate_email(address)
+        except ValidationError:
+            raise ConfigError(f"{name} entry {address!r} is not an e-mail address; list "
+                              "addresses separated by commas.") from None
+    return list(dict.fromkeys(addresses))
+
+
+def email_settings(environ) -> dict:
+    """Django's mail settings from the variables of the same names (Django's defaults when
+    unset): SMTP by default, or e.g. the file-based backend with EMAIL_FILE_PATH."""
+    settings = {
+        "EMAIL_BACKEND": environ.get("EMAIL_BACKEND",
+                                     "django.core.mail.backends.smtp.EmailBackend").strip(),
+        "EMAIL_HOST": environ.get("EMAIL_HOST", "localhost").strip(),
+        "EMAIL_PORT": parse_int("EMAIL_PORT", environ.get("EMAIL_PORT", "25"), minimum=1),
+        "EMAIL_HOST_USER": environ.get("EMAIL_HOST_USER", ""),
+        "EMAIL_HOST_PASSWORD": environ.get("EMAIL_HOST_PASSWORD", ""),
+        "EMAIL_USE_TLS": parse_bool("EMAIL_USE_TLS", environ.get("EMAIL_USE_TLS", "false")),
+        "DEFAULT_FROM_EMAIL": environ.get("DEFAULT_FROM_EMAIL", "webmaster@localhost").strip(),
+    }
+    if environ.get("EMAIL_FILE_PATH", "").strip():
+        settings["EMAIL_FILE_PATH"] = environ["EMAIL_FILE_PATH"].strip()
+    return settings
 
 
 def database_settings(url: str, *, process_role: str, env: str) -> dict:
@@ -308,6 +344,16 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         "QUEUEADMIN_REQUIRE_TWO_FACTOR_FOR_ADMINS",
         environ.get("QUEUEADMIN_REQUIRE_TWO_FACTOR_FOR_ADMINS", "true" if production else "false"))
 
+    alert_emails = parse_emails("QUEUEADMIN_ALERT_EMAILS",
+                                environ.get("QUEUEADMIN_ALERT_EMAILS", ""))
+    alert_webhook_url = environ.get("QUEUEADMIN_ALERT_WEBHOOK_URL", "").strip()
+    if alert_webhook_url and urlsplit(alert_webhook_url).scheme not in ("http", "https"):
+        raise ConfigError(f"QUEUEADMIN_ALERT_WEBHOOK_URL={alert_webhook_url!r} must be an "
+                          "http or https URL.")
+    alert_reminder_hours = parse_int(
+        "QUEUEADMIN_ALERT_REMINDER_HOURS", environ.get("QUEUEADMIN_ALERT_REMINDER_HOURS", "4"),
+        minimum=0)
+
     return Config(
         env=env,
         debug=debug,
@@ -329,4 +375,9 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         metrics_allowed_networks=metrics_allowed_networks,
         log_format=log_format,
         require_two_factor_for_admins=require_two_factor_for_admins,
+        alert_emails=alert_emails,
+        alert_webhook_url=alert_webhook_url,
+        alert_webhook_secret=environ.get("QUEUEADMIN_ALERT_WEBHOOK_SECRET", "").strip(),
+        alert_reminder_hours=alert_reminder_hours,
+        email=email_settings(environ),
     )

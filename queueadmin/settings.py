@@ -205,7 +205,17 @@ QUEUEADMIN = {
     "METRICS_ALLOWED_NETWORKS": CONFIG.metrics_allowed_networks,
     # Admins must enrol an authenticator before anything else (two-factor login).
     "REQUIRE_TWO_FACTOR_FOR_ADMINS": CONFIG.require_two_factor_for_admins,
+    # Alert notices: e-mail recipients of every rule, a signed webhook, and how often a firing
+    # alert nobody acknowledged is repeated (hours; 0 never).
+    "ALERT_EMAILS": CONFIG.alert_emails,
+    "ALERT_WEBHOOK_URL": CONFIG.alert_webhook_url,
+    "ALERT_WEBHOOK_SECRET": CONFIG.alert_webhook_secret,
+    "ALERT_REMINDER_HOURS": CONFIG.alert_reminder_hours,
 }
+
+# Django's mail settings (EMAIL_BACKEND, EMAIL_HOST, ... DEFAULT_FROM_EMAIL), which alert
+# notices are sent with, from the environment variables of the same names.
+globals().update(CONFIG.email)
 
 LOGGING = {
     "version": 1,

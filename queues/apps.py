@@ -2,7 +2,7 @@ import sys
 
 from django.apps import AppConfig
 from django.contrib.admin import apps as admin_apps
-from django.db.models.signals import post_migrate
+from django.db.models.signals import post_migrate, post_save
 from django.utils.module_loading import autodiscover_modules
 
 
@@ -14,7 +14,9 @@ class QueuesConfig(AppConfig):
     def ready(self):
         from queues import checks  # noqa: F401  registers the system checks
         from queues.engine import heartbeat, tasks, webhook  # noqa: F401  handlers register
+        from queues.engine.alerts import create_default_rules, ensure_installation_rules
         from queues.engine.schedules import ensure_schedules
+        from queues.models import Queue
         from queues.permissions import grant_admin_permissions
         from queues.web import middleware  # noqa: F401  connects the login signal
 
@@ -22,6 +24,8 @@ class QueuesConfig(AppConfig):
         autodiscover_modules("handlers")
         post_migrate.connect(ensure_schedules, sender=self)
         post_migrate.connect(grant_admin_permissions, sender=self)
+        post_migrate.connect(ensure_installation_rules, sender=self)
+        post_save.connect(create_default_rules, sender=Queue)
         if heartbeat.is_qcluster(sys.argv):
             # Only a worker cluster beats; web processes and other commands do not.
             heartbeat.start_in_cluster()

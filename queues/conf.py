@@ -38,6 +38,15 @@ DEFAULTS = {
     # Admins without a confirmed authenticator are sent to set one up and may do nothing else
     # (needs django-otp's TOTP and static apps and its OTPMiddleware).
     "REQUIRE_TWO_FACTOR_FOR_ADMINS": False,
+    # Alert notices (queues.engine.alerts): e-mail recipients of every rule, a webhook (JSON
+    # with a `text` field, signed with the secret like the webhook handler's requests), how often
+    # a firing alert nobody acknowledged is repeated (0: never), and how long one delivery may
+    # take per channel.
+    "ALERT_EMAILS": (),
+    "ALERT_WEBHOOK_URL": "",
+    "ALERT_WEBHOOK_SECRET": "",
+    "ALERT_REMINDER_HOURS": 4,
+    "ALERT_DELIVERY_TIMEOUT_SECONDS": 5,
 }
 
 

@@ -125,15 +125,12 @@ class Queue(models.Model):
                   "its late result refused.",
     )
     retention_days = models.PositiveIntegerField(default=60, validators=[MinValueValidator(1)])
-    alert_dead_letters = models.PositiveIntegerField(default=100)
-    alert_depth = models.PositiveIntegerField(default=10_000)
     # Most ready (queued and retry) items the queue holds: beyond it an enqueue answers 429, so
     # one producer cannot fill the database. Generous by default; per account see AccountPolicy.
     max_ready = models.PositiveIntegerField(default=10_000_000,
                                             help_text="Most queued and retry items at once.")
     refused_over_limit = models.PositiveBigIntegerField(
         default=0, editable=False, help_text="Enqueue calls refused at a ready-item limit.")
-    alert_failures_per_hour = models.PositiveIntegerField(default=50)
     paused = models.BooleanField(default=False, help_text="Drain mode: the selector skips it.")
     paused_by = models.CharField(max_length=150, blank=True)
     paused_at = models.DateTimeField(null=True, blank=True)
@@ -773,3 +770,153 @@ class HistoryRun(models.Model):
 
     def __str__(self):
         return f"history run at {self.started_at:%Y-%m-%d %H:%M:%S}: {self.counts}"
+
+
+# --- alerts (queues.engine.alerts) ---------------------------------------------------------------
+
+ALERT_CHANNELS = ("email", "webhook")
+
+
+def default_alert_channels():
+    return list(ALERT_CHANNELS)
+
+
+def seconds_words(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class AlertRule(models.Model):
+    """A threshold that fires an alert while a figure is above it: per queue, or (queue empty)
+    for the whole installation. Queues get their rules when they are created
+    (queues.engine.alerts.create_default_rules)."""
+
+    class Kind(models.TextChoices):
+        DEAD_LETTERS = "dead_letters", "Dead letters"
+        DEPTH = "depth", "Depth (queued and retry items)"
+        FAILURES = "failures", "Failures (retryable and permanent) in the window"
+        RUN_TIME = "run_time", "Run time p95 in the window (seconds)"
+        OLDEST_WAIT = "oldest_wait", "Oldest wait of a due item (seconds)"
+        NO_CLUSTER = "no_cluster", "No worker cluster beating (seconds since the newest beat)"
+        SELECTOR_BEHIND = "selector_behind", "Selector behind (seconds its schedule is overdue)"
+        SWEEPER_BEHIND = "sweeper_behind", "Sweeper behind (seconds since its last run)"
+
+    queue = models.ForeignKey(Queue, null=True, blank=True, on_delete=models.CASCADE,
+                              related_name="alert_rules", db_index=False)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    threshold = models.PositiveIntegerField(help_text="It fires while the figure is above this.")
+    # The span a failure count or a run time percentile is measured over; None for the others.
+    window = models.DurationField(null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    channels = models.JSONField(default=default_alert_channels, blank=True)
+    # Recipients of this rule's e-mail beside the installation's (QUEUEADMIN_ALERT_EMAILS).
+    emails = models.JSONField(default=list, blank=True)
+    # A muted rule still records its firings but delivers nothing until then.
+    muted_until = models.DateTimeField(null=True, blank=True)
+    muted_by = models.CharField(max_length=150, blank=True)
+    # The latest evaluation: web processes compare-and-set it to take turns (engine.alerts).
+    checked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "kind"], name="alertrule_queue_kind_uniq"),
+            # NULLs are distinct in the constraint above: one installation-wide rule per kind.
+            models.UniqueConstraint(fields=["kind"], condition=Q(queue__isnull=True),
+                                    name="alertrule_installation_kind_uniq"),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} on {self.queue_id or 'the installation'}"
+
+    def muted(self, now: datetime) -> bool:
+        return self.muted_until is not None and self.muted_until > now
+
+
+class AlertFiring(models.Model):
+    """One time a rule fired: from when its figure went above the threshold to when it came
+    back (ended_at), with the notices sent about it."""
+
+    id = models.BigAutoField(primary_key=True)
+    rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="firings",
+                             db_index=False)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # The latest figure while it fired (None: never seen, e.g. no cluster has ever beaten) and
+    # the threshold it crossed, kept as they were when the rule is edited later.
+    value = models.FloatField(null=True, blank=True)
+    threshold = models.PositiveIntegerField()
+    notified_at = models.DateTimeField(null=True, blank=True)  # the latest notice or reminder
+    notices = models.PositiveIntegerField(default=0)
+    # What the latest delivery did per channel: "sent" or why it failed.
+    delivery = models.JSONField(default=dict, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        constraints = [
+            # Two evaluations racing cannot open the same alert twice.
+            models.UniqueConstraint(fields=["rule"], condition=Q(ended_at__isnull=True),
+                                    name="alertfiring_one_open"),
+        ]
+        indexes = [
+            models.Index(fields=["rule", "started_at"], name="alertfiring_rule_idx"),
+            # The alerts page: the latest firings of every rule.
+            models.Index(fields=["started_at"], name="alertfiring_started_idx"),
+        ]
+
+    def __str__(self):
+        return f"alert {self.pk} of rule {self.rule_id} since {self.started_at:%Y-%m-%d %H:%M}"
+
+    @property
+    def open(self) -> bool:
+        return self.ended_at is None
+
+    @property
+    def summary(self) -> str:
+        """The firing in words, as badges and notices say it."""
+        return alert_summary(self.rule.kind, self.value, self.threshold, self.rule.window)
+
+
+def alert_summary(kind: str, value: float | None, threshold: int, window) -> str:
+    kinds = AlertRule.Kind
+    if value is None:
+        return {kinds.NO_CLUSTER: "no worker cluster has ever sent a heartbeat",
+                kinds.SELECTOR_BEHIND: "the selector has no schedule",
+                kinds.SWEEPER_BEHIND: "the sweeper has never run"}.get(kind, f"{kind}: no figure")
+    span = "the last hour" if window == timedelta(hours=1) else (
+        f"the last {seconds_words(window.total_seconds())}" if window else "")
+    words = {
+        kinds.DEAD_LETTERS: f"{value:,.0f} dead letters (over {threshold:,})",
+        kinds.DEPTH: f"depth {value:,.0f} (over {threshold:,})",
+        kinds.FAILURES: f"{value:,.0f} failures in {span} (over {threshold:,})",
+        kinds.RUN_TIME: f"run time p95 {seconds_words(value)} in {span} "
+                        f"(over {seconds_words(threshold)})",
+        kinds.OLDEST_WAIT: f"oldest wait {seconds_words(value)} (over {seconds_words(threshold)})",
+        kinds.NO_CLUSTER: f"no cluster heartbeat for {seconds_words(value)} "
+                          f"(over {seconds_words(threshold)})",
+        kinds.SELECTOR_BEHIND: f"selector schedule {seconds_words(value)} overdue "
+                               f"(over {seconds_words(threshold)})",
+        kinds.SWEEPER_BEHIND: f"sweeper last ran {seconds_words(value)} ago "
+                              f"(over {seconds_words(threshold)})",
+    }
+    return words[kind]
+
+
+class AlertRun(models.Model):
+    """One evaluation of the alert rules and what it changed, empty ones included, like the
+    sweeper's runs."""
+
+    id = models.BigAutoField(primary_key=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    source = models.CharField(max_length=20)  # "schedule", "command" or "web"
+    counts = models.JSONField(default=dict)  # {action: n}
+
+    class Meta:
+        indexes = [models.Index(fields=["started_at"], name="alertrun_started_idx")]
+
+    def __str__(self):
+        return f"alert run at {self.started_at:%Y-%m-%d %H:%M:%S}: {self.counts}"

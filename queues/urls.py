@@ -1,7 +1,7 @@
 from django.urls import path, re_path
 
 from queues.ops import health
-from queues.web import audit, bulk, charts, pages, pause, stream, tenants, tokens
+from queues.web import alerts, audit, bulk, charts, pages, pause, stream, tenants, tokens
 
 app_name = "queues"
 
@@ -44,6 +44,12 @@ urlpatterns = [
     path("activity/selector/", pages.run_selector, name="run_selector"),
     path("activity/sweeper/", pages.run_sweeper, name="run_sweeper"),
     path("workers/", health.workers_page, name="workers"),
+    path("alerts/", alerts.alerts_page, name="alerts"),
+    path("alerts/rules/<int:pk>/", alerts.rule_edit, name="alert_rule"),
+    re_path(r"^alerts/rules/(?P<pk>[0-9]+)/(?P<action>mute|unmute)/$", alerts.rule_mute,
+            name="alert_rule_mute"),
+    path("alerts/firings/<int:pk>/acknowledge/", alerts.firing_acknowledge,
+         name="alert_acknowledge"),
     path("audit/", audit.audit_log, name="audit"),
     path("audit/export/", audit.audit_export, name="audit_export"),
     path("dead-letters/", pages.dead_letters, name="dead_letters"),

@@ -164,7 +164,7 @@ def test_viewer_sees_no_action_buttons(page_as):
 
 @pytest.mark.parametrize("path", ["/queues/emails/errors/", "/queues/emails/accounts/",
                                   "/search/?q=retrying", "/activity/", "/audit/",
-                                  "/dead-letters/", "/preferences/"])
+                                  "/dead-letters/", "/preferences/", "/alerts/"])
 def test_every_other_page_passes_axe(page_as, server, axe_source, path):
     page = page_as("operator")
     page.goto(server + path)

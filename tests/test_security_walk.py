@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from queues import enqueue
 from queues.engine import tokens
-from queues.models import AuditEntry, BulkOperation
+from queues.models import AlertFiring, AlertRule, AuditEntry, BulkOperation
 from queues.permissions import ADMIN, OPERATOR, ROLES, VIEWER
 from tests.factories import QueueFactory
 
@@ -48,7 +48,8 @@ def action(role=OPERATOR, data=None, **kwargs):
     return Rule("action", role, kwargs, data=data or {})
 
 
-# One line per URL name. "$item", "$bulk" and "$token" are replaced by the ids of sample rows.
+# One line per URL name. "$item", "$bulk", "$token", "$rule" and "$firing" are replaced by the
+# ids of sample rows.
 RULES = {
     "queues:overview": page(),
     "queues:queue_items": page(),
@@ -92,6 +93,10 @@ RULES = {
     "queues:audit": page(),
     "queues:audit_export": page(),
     "queues:dead_letters": page(),
+    "queues:alerts": page(),
+    "queues:alert_acknowledge": action(pk="$firing"),
+    "queues:alert_rule_mute": action(pk="$rule", action="mute", data={"duration": "1h"}),
+    "queues:alert_rule": action(ADMIN, pk="$rule", data={"threshold": "7"}),
     "queues:preferences": Rule("self"),
     "two_factor": Rule("self"),
     "two_factor_setup": Rule("own_action"),
@@ -183,7 +188,10 @@ def sample():
         queue=queue, kind="retry", actor_name="walker", filter={}, filter_hash="0" * 64,
         expected=0, created_at=timezone.now())  # running, so that stopping it changes it
     token, _ = tokens.create("walker", all_queues=True, scopes=tokens.SCOPES)
-    return {"$item": item.pk, "$bulk": bulk.pk, "$token": token.pk}
+    rule = AlertRule.objects.get(queue=queue, kind="depth")
+    firing = AlertFiring.objects.create(rule=rule, started_at=timezone.now(), threshold=1)
+    return {"$item": item.pk, "$bulk": bulk.pk, "$token": token.pk, "$rule": rule.pk,
+            "$firing": firing.pk}
 
 
 @pytest.fixture

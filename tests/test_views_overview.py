@@ -2,7 +2,8 @@
 
 import pytest
 
-from queues.models import CounterDelta, StatusCount
+from queues.engine import alerts
+from queues.models import AlertRule, CounterDelta, StatusCount
 from tests.factories import QueueFactory, items_in_status
 
 pytestmark = pytest.mark.django_db
@@ -33,12 +34,16 @@ def test_counts_come_from_the_counters_not_from_the_items(role_client):
     assert b"2,500,005" in response.content
 
 
-def test_paused_and_alert_badges(role_client):
-    queue = QueueFactory(key="emails", paused=True, alert_dead_letters=1,
-                         alert_failures_per_hour=1, alert_depth=1)
+def test_paused_and_alert_badges_of_the_firing_alerts(role_client):
+    queue = QueueFactory(key="emails", paused=True)
+    AlertRule.objects.filter(queue=queue, kind__in=["dead_letters", "depth", "failures"]).update(
+        threshold=1)
     items_in_status(queue, "failed", 2)
     items_in_status(queue, "queued", 2)
-    content = role_client("Viewer").get("/").content.decode()
+    client = role_client("Viewer")
+    assert "badge-alert" not in client.get("/").content.decode()  # until they are evaluated
+    alerts.evaluate()
+    content = client.get("/").content.decode()
     assert "Paused" in content
     assert "2 dead letters (over 1)" in content
     assert "depth 2 (over 1)" in content
@@ -47,8 +52,10 @@ def test_paused_and_alert_badges(role_client):
 
 def test_queue_list_filters_by_text_and_alerts(role_client):
     QueueFactory(key="emails")
-    noisy = QueueFactory(key="webhooks", alert_dead_letters=0)
+    noisy = QueueFactory(key="webhooks")
+    AlertRule.objects.filter(queue=noisy, kind="dead_letters").update(threshold=0)
     items_in_status(noisy, "failed", 1)
+    alerts.evaluate()
     client = role_client("Viewer")
     keys = [s.queue.key for s in client.get("/?q=mail").context["summaries"]]
     assert keys == ["emails"]
@@ -70,8 +77,9 @@ def test_query_count_does_not_grow_with_items(role_client, django_assert_max_num
     items_in_status(queue, "complete", 30)
     client = role_client("Viewer")
     client.get("/")
-    # session + user + role + second factor, counters, minutes, oldest, timings, global pause
-    with django_assert_max_num_queries(10):
+    # session + user + role + second factor, open alerts, counters, minutes, oldest, timings,
+    # global pause
+    with django_assert_max_num_queries(11):
         client.get("/")
 
 
@@ -80,11 +88,11 @@ def test_query_count_does_not_grow_with_queues(role_client, django_assert_num_qu
     for n in range(2):
         items_in_status(QueueFactory(key=f"q{n}"), "complete", 2)
     client.get("/")
-    with django_assert_num_queries(10):
+    with django_assert_num_queries(11):
         client.get("/")
     for n in range(2, 6):
         items_in_status(QueueFactory(key=f"q{n}"), "complete", 2)
-    with django_assert_num_queries(10):
+    with django_assert_num_queries(11):
         client.get("/")
 
 

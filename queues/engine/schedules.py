@@ -9,6 +9,9 @@ SCHEDULES = [
     {"name": "queueadmin: sweeper", "func": "queues.engine.sweeper.run", "minutes": 5},
     # The charts' per-minute history; a run rewrites every minute since the last one.
     {"name": "queueadmin: history", "func": "queues.engine.history.run", "minutes": 1},
+    # Alert rules and their notices; outside the clusters, `manage.py alerts` and /healthz also
+    # evaluate what the clusters cannot see about themselves.
+    {"name": "queueadmin: alerts", "func": "queues.engine.alerts.run", "minutes": 1},
 ]
 
 

@@ -148,15 +148,23 @@ def _is_header_text(value) -> bool:
 
 
 def item_headers(task: Task, body: bytes, secret: str) -> dict[str, str]:
+    return {
+        **signed_headers(body, secret),
+        "X-QueueAdmin-Item-Id": str(task.item_id),
+        "X-QueueAdmin-Identifier": quote(task.identifier, safe=""),
+        "X-QueueAdmin-Attempt": str(task.attempt),
+    }
+
+
+def signed_headers(body: bytes, secret: str) -> dict[str, str]:
+    """The headers of every JSON request QueueAdmin sends (webhook items, alert notices): the
+    timestamp and, with a secret, the signature over it and the body."""
     timestamp = str(int(time.time()))
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
         # We keep an excerpt only: a compressed body could inflate far beyond the bytes read.
         "Accept-Encoding": "identity",
-        "X-QueueAdmin-Item-Id": str(task.item_id),
-        "X-QueueAdmin-Identifier": quote(task.identifier, safe=""),
-        "X-QueueAdmin-Attempt": str(task.attempt),
         "X-QueueAdmin-Timestamp": timestamp,
     }
     if secret:

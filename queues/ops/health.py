@@ -1,5 +1,8 @@
 """Operational status: /healthz for load balancers, the workers page for people.
 
+/healthz also evaluates the alert rule that no worker cluster is beating, which the clusters'
+own schedule cannot (queues.engine.alerts.evaluate_from_web).
+
 /healthz answers 200 whenever the database answers, with "status": "degraded" (still 200) when
 no worker cluster has beaten lately or the selector or sweeper fell behind: the web processes
 can still serve the dashboard and accept items, and a load balancer that took them out because
@@ -7,7 +10,7 @@ the workers are down would only add an outage. Only an unreachable database give
 """
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import DatabaseError, connection
 from django.db.models import Max
@@ -17,17 +20,15 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
-from queues.engine import heartbeat
-from queues.engine.schedules import SCHEDULES
-from queues.models import ClusterHeartbeat, SelectorState, SweepRun
+from queues.engine import alerts, heartbeat, liveness
+from queues.engine.liveness import (
+    SELECTOR_OVERDUE_AFTER,
+    SELECTOR_SCHEDULE,  # noqa: F401  named here too for the tests and drills that look it up
+    SWEEPER_LATE_AFTER,
+)
+from queues.models import ClusterHeartbeat, SelectorState
 from queues.permissions import render_page, viewer_required
 
-# The sweeper runs every 5 minutes (a run may take 4): three missed runs is a problem.
-SWEEPER_LATE_AFTER = timedelta(minutes=15)
-# The selector's schedule runs every minute; its next run this far in the past means no
-# cluster's scheduler is picking it up.
-SELECTOR_OVERDUE_AFTER = timedelta(minutes=3)
-SELECTOR_SCHEDULE = next(s["name"] for s in SCHEDULES if s["func"] == "queues.engine.selector.tick")
 PROBE_PATHS = ("/healthz", "/metrics")
 
 
@@ -63,24 +64,19 @@ def report(now: datetime) -> dict:
     """The health document; raises DatabaseError when the database does not answer."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
-    from django_q.models import Schedule
-
-    newest = ClusterHeartbeat.objects.order_by("-beat_at").values_list("beat_at", flat=True)
-    newest_beat = newest.first()
+    signs = liveness.read()
+    newest_beat = signs.newest_beat
     alive = ClusterHeartbeat.objects.filter(beat_at__gte=now - heartbeat.STALE_AFTER).count()
     last_round = SelectorState.objects.aggregate(at=Max("last_round_at"))["at"]
-    next_run = Schedule.objects.filter(name=SELECTOR_SCHEDULE).values_list(
-        "next_run", flat=True).first()
-    last_sweep = SweepRun.objects.order_by("-started_at").values_list(
-        "finished_at", flat=True).first()
 
     problems = []
     if newest_beat is None or now - newest_beat > heartbeat.STALE_AFTER:
         problems.append("no worker cluster has sent a heartbeat in the last "
                         f"{int(heartbeat.STALE_AFTER.total_seconds())} s")
-    overdue = max(0.0, (now - next_run).total_seconds()) if next_run else None
-    if next_run is None or now - next_run > SELECTOR_OVERDUE_AFTER:
+    overdue = signs.selector_overdue(now)
+    if overdue is None or overdue > SELECTOR_OVERDUE_AFTER.total_seconds():
         problems.append("the selector's schedule is overdue")
+    last_sweep = signs.last_sweep
     if last_sweep is None or now - last_sweep > SWEEPER_LATE_AFTER:
         problems.append("the sweeper has not run in the last "
                         f"{int(SWEEPER_LATE_AFTER.total_seconds() // 60)} minutes")
@@ -100,11 +96,16 @@ def report(now: datetime) -> dict:
 def healthz(request):
     if request.method not in ("GET", "HEAD"):
         return JsonResponse({"error": "use GET"}, status=405, headers={"Allow": "GET, HEAD"})
+    now = timezone.now()
     try:
-        return JsonResponse(report(timezone.now()))
+        body = report(now)
     except DatabaseError:
         return JsonResponse({"status": "unavailable", "database": "unreachable"}, status=503,
                             headers={"Retry-After": "5"})
+    # Probes reach every web process often, whether or not any cluster runs: the rule that no
+    # cluster is beating is evaluated here (at most once a minute across the processes).
+    alerts.evaluate_from_web(now)
+    return JsonResponse(body)
 
 
 @dataclass

@@ -23,6 +23,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from queues.conf import setting
 from queues.engine import counters, heartbeat
 from queues.models import (
+    AlertFiring,
+    AlertRule,
     BulkOperation,
     ClusterHeartbeat,
     Queue,
@@ -90,6 +92,7 @@ class QueueAdminCollector:
         yield from self._sweeper(now)
         yield from self._bulk()
         yield from self._clusters(now)
+        yield from self._alerts(now)
 
     def _refused(self, keys: dict[int, str]):
         refused = CounterMetricFamily(
@@ -199,3 +202,21 @@ class QueueAdminCollector:
         if beats:
             newest.add_metric([], (now - max(beats)).total_seconds())
         return [clusters, newest]
+
+    def _alerts(self, now: datetime):
+        """Each rule's state as the latest evaluation left it: 1 while it fires."""
+        firing = set(AlertFiring.objects.filter(ended_at__isnull=True)
+                     .values_list("rule_id", flat=True))
+        family = GaugeMetricFamily(
+            "queueadmin_alert_firing",
+            "1 while an alert rule fires (queue empty: an installation-wide rule).",
+            labels=["queue", "rule"])
+        muted = GaugeMetricFamily("queueadmin_alert_muted",
+                                  "1 while an alert rule is muted: it records, sends nothing.",
+                                  labels=["queue", "rule"])
+        for rule in AlertRule.objects.filter(enabled=True).select_related("queue").order_by(
+                "queue__key", "kind"):
+            labels = [rule.queue.key if rule.queue_id else "", rule.kind]
+            family.add_metric(labels, int(rule.pk in firing))
+            muted.add_metric(labels, int(rule.muted(now)))
+        return [family, muted]

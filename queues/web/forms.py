@@ -7,9 +7,10 @@ from datetime import timedelta
 from urllib.parse import urlencode
 
 from django import forms
+from django.core.validators import validate_email
 from django.utils import timezone
 
-from queues.engine import payloads
+from queues.engine import alerts, payloads
 from queues.engine.bulk import KINDS, MAX_SELECTION, selection_range
 from queues.engine.errors import MESSAGE_LIMIT
 from queues.engine.payloads import PayloadCondition
@@ -18,6 +19,7 @@ from queues.models import (
     MAX_ACCOUNT_LENGTH,
     MAX_IDENTIFIER_LENGTH,
     MAX_TASK_PATH_LENGTH,
+    AlertRule,
     Queue,
     Status,
     UserPreference,
@@ -302,3 +304,73 @@ class DeadLetterFilterForm(forms.Form):
     period = forms.ChoiceField(required=False, label="Failed", choices=[
         ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")])
     before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+
+MUTE_DURATIONS = {"1h": ("1 hour", timedelta(hours=1)), "4h": ("4 hours", timedelta(hours=4)),
+                  "24h": ("24 hours", timedelta(hours=24)), "7d": ("7 days", timedelta(days=7))}
+MAX_ALERT_EMAILS = 20
+MAX_ALERT_WINDOW_MINUTES = 24 * 60  # the metric minutes behind a window are kept for 48 hours
+
+
+class AlertRuleForm(forms.Form):
+    """An alert rule's settings as an Admin edits them on the alerts page."""
+
+    threshold = forms.IntegerField(min_value=0, max_value=2_000_000_000, label="Threshold")
+    window_minutes = forms.IntegerField(required=False, min_value=1,
+                                        max_value=MAX_ALERT_WINDOW_MINUTES,
+                                        label="Window (minutes)")
+    enabled = forms.BooleanField(required=False, label="Enabled")
+    channels = forms.MultipleChoiceField(
+        choices=[("email", "E-mail"), ("webhook", "Webhook")], required=False,
+        widget=forms.CheckboxSelectMultiple, label="Channels")
+    emails = forms.CharField(required=False, max_length=2000, label="Also e-mail",
+                             help_text="Addresses beside the installation's, comma-separated.")
+
+    def __init__(self, *args, rule: AlertRule, **kwargs):
+        self.rule = rule
+        kwargs.setdefault("initial", {
+            "threshold": rule.threshold, "enabled": rule.enabled, "channels": rule.channels,
+            "emails": ", ".join(rule.emails),
+            "window_minutes": int(rule.window.total_seconds() // 60) if rule.window else None})
+        super().__init__(*args, **kwargs)
+        if rule.kind not in alerts.WINDOWED:
+            del self.fields["window_minutes"]
+        # Ids of their own: the page holds one form per rule.
+        self.auto_id = f"rule-{rule.pk}-%s"
+
+    def clean_emails(self) -> list[str]:
+        addresses = [a.strip() for a in self.cleaned_data["emails"].split(",") if a.strip()]
+        if len(addresses) > MAX_ALERT_EMAILS:
+            raise forms.ValidationError(f"At most {MAX_ALERT_EMAILS} addresses.")
+        for address in addresses:
+            try:
+                validate_email(address)
+            except forms.ValidationError:
+                raise forms.ValidationError(
+                    "“%(value)s” is not an e-mail address.", params={"value": address}
+                ) from None
+        return list(dict.fromkeys(addresses))
+
+    def clean(self):
+        data = super().clean()
+        if "window_minutes" in self.fields and "window_minutes" in data \
+                and data["window_minutes"] is None:
+            self.add_error("window_minutes", "This rule is measured over a window: give it.")
+        return data
+
+    def rule_fields(self) -> dict:
+        """The cleaned data as AlertRule fields."""
+        data = self.cleaned_data
+        fields = {"threshold": data["threshold"], "enabled": data["enabled"],
+                  "channels": data["channels"], "emails": data["emails"]}
+        if "window_minutes" in self.fields:
+            fields["window"] = timedelta(minutes=data["window_minutes"])
+        return fields
+
+
+class MuteForm(forms.Form):
+    duration = forms.ChoiceField(
+        choices=[(key, label) for key, (label, _) in MUTE_DURATIONS.items()], label="Mute for")
+
+    def until(self, now):
+        return now + MUTE_DURATIONS[self.cleaned_data["duration"]][1]

@@ -53,13 +53,16 @@ def overview(request):
     if data.get("show") == "paused":
         queues = queues.filter(paused=True)
     now = timezone.now()
-    summaries = queries.queue_summaries(list(queues.order_by("key")), now)
+    listed = list(queues.order_by("key"))
+    alerts = queries.open_alerts([queue.pk for queue in listed])
+    summaries = queries.queue_summaries(listed, now, alerts.by_queue)
     if data.get("show") == "alerting":
         summaries = [s for s in summaries if s.alerts]
     if data.get("sort"):
         summaries.sort(key=queries.SUMMARY_ORDERS[data["sort"]])
     return _page_or_fragment(request, "queues/overview.html", "queues/_queue_table.html",
                              {"form": form, "summaries": summaries, "now": now,
+                              "installation_alerts": alerts.installation,
                               "global_pause": pausing.global_pause()})
 
 

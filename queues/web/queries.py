@@ -28,6 +28,7 @@ from queues.models import (
     READY_STATUSES,
     AccountPolicy,
     AccountStat,
+    AlertFiring,
     Attempt,
     DeadLetter,
     Item,
@@ -83,7 +84,9 @@ SUMMARY_ORDERS = {
 }
 
 
-def queue_summaries(queues: list[Queue], now: datetime) -> list[QueueSummary]:
+def queue_summaries(queues: list[Queue], now: datetime,
+                    alerts: dict[int, list[str]]) -> list[QueueSummary]:
+    """`alerts`: each queue's firing alerts in words (open_alerts)."""
     ids = [q.pk for q in queues]
     if not ids:
         return []
@@ -96,8 +99,8 @@ def queue_summaries(queues: list[Queue], now: datetime) -> list[QueueSummary]:
         wait, run = timings.get(queue.pk, (None, None))
         summary = QueueSummary(
             queue=queue, counts=counts[queue.pk], completed=completed[queue.pk],
-            failed=failed[queue.pk], oldest_waiting=oldest.get(queue.pk), wait=wait, run=run)
-        summary.alerts = _alerts(summary)
+            failed=failed[queue.pk], oldest_waiting=oldest.get(queue.pk), wait=wait, run=run,
+            alerts=alerts.get(queue.pk, []))
         summaries.append(summary)
     return summaries
 
@@ -146,16 +149,25 @@ def _p50_p95(values: list[float]) -> tuple[float, float]:
     return (ordered[int(0.5 * (len(ordered) - 1))], ordered[int(0.95 * (len(ordered) - 1))])
 
 
-def _alerts(summary: QueueSummary) -> list[str]:
-    queue, alerts = summary.queue, []
-    if summary.dead_letters > queue.alert_dead_letters:
-        alerts.append(f"{summary.dead_letters:,} dead letters (over {queue.alert_dead_letters:,})")
-    if summary.depth > queue.alert_depth:
-        alerts.append(f"depth {summary.depth:,} (over {queue.alert_depth:,})")
-    if summary.failures_last_hour > queue.alert_failures_per_hour:
-        alerts.append(f"{summary.failures_last_hour:,} failures in the last hour "
-                      f"(over {queue.alert_failures_per_hour:,})")
-    return alerts
+@dataclass
+class OpenAlerts:
+    by_queue: dict[int, list[str]]  # each firing alert of a queue in words
+    installation: list[str]  # the installation-wide ones (no cluster beating, ...)
+
+
+def open_alerts(queue_ids: list[int]) -> OpenAlerts:
+    """The firing alerts that the evaluator (queues.engine.alerts) recorded, of these queues and
+    of the installation, in one statement: open firings are few, whatever the items."""
+    found = OpenAlerts(by_queue=defaultdict(list), installation=[])
+    firings = (AlertFiring.objects.filter(ended_at__isnull=True)
+               .filter(Q(rule__queue_id__in=queue_ids) | Q(rule__queue__isnull=True))
+               .select_related("rule").order_by("rule__kind"))
+    for firing in firings:
+        if firing.rule.queue_id is None:
+            found.installation.append(firing.summary)
+        else:
+            found.by_queue[firing.rule.queue_id].append(firing.summary)
+    return found
 
 
 # --- item browser ------------------------------------------------------------------------------

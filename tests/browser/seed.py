@@ -7,7 +7,8 @@ from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from queues import enqueue
-from queues.models import Attempt, Item, Queue
+from queues.engine import alerts
+from queues.models import AlertRule, Attempt, Item
 from tests.factories import QueueFactory, item_in_status, items_in_status
 
 PASSWORD = "browser-test-password-1"
@@ -52,5 +53,6 @@ def seed_alerting():
     """seed(), with the Emails queue over every alert threshold, so that the overview shows its
     longest badges."""
     seed()
-    Queue.objects.filter(key="emails").update(alert_dead_letters=0, alert_depth=0,
-                                              alert_failures_per_hour=0)
+    AlertRule.objects.filter(queue__key="emails",
+                             kind__in=["dead_letters", "depth", "failures"]).update(threshold=0)
+    alerts.evaluate()
