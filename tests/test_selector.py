@@ -11,9 +11,10 @@ from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from queues import enqueue_many
-from queues.engine import lifecycle, selector
+from queues.engine import counters, lifecycle, selector
 from queues.models import (
     ClusterHeartbeat,
+    CounterDelta,
     Item,
     ItemEvent,
     SelectorLease,
@@ -347,3 +348,14 @@ def test_the_selector_loop_waits_out_failing_statements_and_dispatches_everythin
     assert failed
     assert taken == {queue.key: 12}
     assert Item.objects.filter(status=Status.DISPATCHED).count() == 12
+
+
+def test_the_selector_loop_folds_the_counter_deltas_that_rounds_read():
+    queue = QueueFactory(batch_size=5)
+    put(queue, "acme", 7)
+    assert CounterDelta.objects.exists()
+    selector.tick(seconds=0.3, idle_sleep=0.1)
+    # Folded at the loop's start; the rounds after it left a few rows of their own at most.
+    assert CounterDelta.objects.filter(status=Status.QUEUED, delta__gt=0).count() == 0
+    counts = counters.status_counts([queue.pk])[queue.pk]
+    assert counts.get(Status.DISPATCHED) == 7 and not counts.get(Status.QUEUED)

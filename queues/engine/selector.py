@@ -44,6 +44,7 @@ COALESCE_SECONDS = 0.05
 FILL_GRACE_SECONDS = 0.1
 RENEW_SECONDS = 0.5  # a waiting successor takes over within about this long
 RESCUE_SECONDS = 5.0
+FOLD_SECONDS = 2.0
 # The loop ends this long before the django-q2 task timeout would kill it.
 LOOP_MARGIN_SECONDS = 30
 DATABASE_RETRY_SECONDS = 1.0  # between passes while the database does not answer
@@ -145,7 +146,8 @@ def tick(seconds: float | None = None, idle_sleep: float = IDLE_SECONDS) -> dict
     tick to tick without a gap, and then passes over every queue that is not paused: the next
     pass at once while some round filled its batch, otherwise when an item is enqueued or ends
     (LISTEN/NOTIFY on PostgreSQL, a short poll on SQLite) or after `idle_sleep`. Every few
-    seconds it rescues the items of clusters that stopped beating. It ends when a newer tick
+    seconds it rescues the items of clusters that stopped beating and folds the counters'
+    deltas (rounds read the queue's in-flight count from them). It ends when a newer tick
     takes over, its cluster shuts down, or after `seconds` (by default as long as the task
     timeout allows). Returns the items taken per queue."""
     me = f"{heartbeat.worker_id()}:{secrets.token_hex(4)}"
@@ -155,7 +157,7 @@ def tick(seconds: float | None = None, idle_sleep: float = IDLE_SECONDS) -> dict
         return {}
     taken: Counter = Counter()
     deadline = time.monotonic() + seconds
-    renew_at = rescue_at = 0.0
+    renew_at = rescue_at = fold_at = 0.0
     held_since: dict[int, float] = {}  # queue id: when a small batch was first held back
     try:
         with _Wakeups() as wakeups:
@@ -168,6 +170,12 @@ def tick(seconds: float | None = None, idle_sleep: float = IDLE_SECONDS) -> dict
                     if time.monotonic() >= rescue_at:
                         _rescue_silent_clusters()
                         rescue_at = time.monotonic() + RESCUE_SECONDS
+                    if time.monotonic() >= fold_at:
+                        # Every round reads its queue's in-flight count as base plus the
+                        # deltas not yet folded: left to the 5-minute sweeper, a busy queue's
+                        # deltas grew to tens of thousands of rows per read.
+                        counters.rollup()
+                        fold_at = time.monotonic() + FOLD_SECONDS
                     if not _pass(held_since, taken):
                         wait = min(idle_sleep, max(0.0, deadline - time.monotonic()),
                                    max(0.0, renew_at - time.monotonic()))

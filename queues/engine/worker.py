@@ -126,15 +126,16 @@ class BatchRun:
     def _top_up(self, free: int):
         """First the queue's items whose batch still waits for a worker process (one held by a
         long item, say), then ready items through a selector round of our own."""
-        if _retrying(lambda: _other_batches_wait(self.queue)):
+        others_wait, own_wait = _retrying(lambda: _batches_waiting(self.queue))
+        if others_wait:
             # Their batch needs a worker process: this one should end rather than grow.
             self.top_up_after = time.monotonic() + TOP_UP_RETRY_SECONDS
             return
-        batch = _retrying(lambda: lifecycle.claim_waiting(self.queue.pk, self.cluster, free))
+        batch = (_retrying(lambda: lifecycle.claim_waiting(self.queue.pk, self.cluster, free))
+                 if own_wait else [])
         contended = False
         if not batch:
-            # Refreshed: an operator may have paused the queue or changed its concurrency.
-            _retrying(self.queue.refresh_from_db)
+            # The round re-reads what an operator may have changed (pause, concurrency).
             round_ = _retrying(lambda: selector.run_round(
                 self.queue, for_cluster=self.cluster, limit=free))
             batch = round_.batch
@@ -249,11 +250,19 @@ class BatchRun:
         _log_failures(self.queue, outcomes, results)
 
 
-def _other_batches_wait(queue: Queue) -> bool:
-    """Another queue's batch is dispatched but no worker has claimed it yet: the worker process
-    this batch holds should go back to django-q2 rather than keep serving its own queue."""
-    return Item.objects.filter(status=Status.DISPATCHED, cluster="").exclude(
-        queue=queue).exists()
+def _batches_waiting(queue: Queue) -> tuple[bool, bool]:
+    """Whether batches of other queues, and of this queue, are dispatched but not yet claimed
+    by any worker (all worker processes busy), in one statement: a top-up asks every few
+    milliseconds. Another queue's waiting batch needs the worker process this batch holds; this
+    queue's can be taken over at once."""
+    table = Item._meta.db_table
+    waiting = f"SELECT 1 FROM {table} WHERE status = %s AND cluster = ''"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT EXISTS ({waiting} AND queue_id <> %s), "
+                       f"EXISTS ({waiting} AND queue_id = %s)",
+                       [Status.DISPATCHED, queue.pk, Status.DISPATCHED, queue.pk])
+        others, own = cursor.fetchone()
+    return bool(others), bool(own)
 
 
 def _retrying(write):
