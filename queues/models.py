@@ -753,6 +753,52 @@ class MetricHour(MetricPeriod):
         indexes = [models.Index(fields=["start"], name="metrichour_start_idx")]
 
 
+OTHER_ERROR_GROUP = "other"  # the key of a period's failures outside its largest groups
+
+
+class ErrorGroupPeriod(models.Model):
+    """The failures (attempts scheduled for retry or failed for good) of one error group on a
+    queue in one period (a minute or an hour). A group is queues.engine.errors' (kind, message),
+    keyed by a hash of both; each period keeps its largest groups (history.ERROR_GROUPS) and
+    counts the rest under OTHER_ERROR_GROUP, so that a flood of unique messages stays small."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    start = models.DateTimeField()
+    # errors.group_key(kind, message), or "other"; not named `key`, a keyword of SQLite's.
+    group_key = models.CharField(max_length=16)
+    kind = models.TextField(blank=True)
+    message = models.TextField(blank=True)
+    failures = models.IntegerField()
+
+    class Meta:
+        abstract = True
+
+    def __str__(self):
+        return (f"{self.group_key} on {self.queue_id} at {self.start:%Y-%m-%d %H:%M}: "
+                f"{self.failures}")
+
+
+class ErrorGroupMinute(ErrorGroupPeriod):
+    """Kept for 48 hours, like the metric minutes, so that an hour can be rolled up again."""
+
+    class Meta:
+        # The errors page reads one queue's rows by time; rewrites and pruning take every
+        # queue's rows of a time range.
+        constraints = [models.UniqueConstraint(fields=["queue", "start", "group_key"],
+                                               name="errorgroupminute_uniq")]
+        indexes = [models.Index(fields=["start"], name="errorgroupminute_start_idx")]
+
+
+class ErrorGroupHour(ErrorGroupPeriod):
+    """Kept for 30 days."""
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "start", "group_key"],
+                                               name="errorgrouphour_uniq")]
+        indexes = [models.Index(fields=["start"], name="errorgrouphour_start_idx")]
+
+
 class HistoryRun(models.Model):
     """One run of the history rollup and what it wrote. `last_event_id` is the newest item event
     when the run began: every event that happens later has a higher id, so later runs read

@@ -17,10 +17,11 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     monkeypatch.setattr(queries, "PAGE_SIZE", 2)
     report = bench.run_pages(queue_key="bench-pages", requests=2, log=lambda _: None)
     names = [name for name, _, _ in report.figures]
-    assert len(names) == 4 + (10 + 9) * 3  # figures of the set-up, then of each page
+    assert len(names) == 4 + (11 + 9) * 3  # figures of the set-up, then of each page
     assert "account ranking refresh (one queue) p50" in names
     assert "accounts by oldest wait, page 2 (keyset) p95" in names
     assert "50 pages deep (keyset) p95" in names and "errors view SQL queries" in names
+    assert "errors view, 7 d trends p95" in names
     assert "payload field (order = n) p95" in names
     assert "chart: share of accounts, 30 d p95" in names
     assert "history backfill (one queue, 30 days of events)" in names

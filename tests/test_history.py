@@ -13,6 +13,7 @@ from queues.bench import seeding
 from queues.engine import history
 from queues.models import (
     HISTOGRAM_BOUNDS,
+    ErrorGroupHour,
     HistoryRun,
     Item,
     ItemEvent,
@@ -248,3 +249,11 @@ def test_bench_seed_writes_30_days_of_history_that_agrees_with_its_events():
     per_hour = (MetricHour.objects.filter(queue=queue).exclude(account="").values("start")
                 .annotate(n=Count("id")).values_list("n", flat=True))
     assert per_hour and max(per_hour) <= history.TOP_ACCOUNTS
+    # The error groups' hours too: every failed attempt in one of them, few groups an hour.
+    error_hours = ErrorGroupHour.objects.filter(queue=queue)
+    failures = ItemEvent.objects.filter(queue=queue, to_status__in=(Status.RETRY, Status.FAILED),
+                                        at__gte=oldest)
+    assert error_hours.aggregate(n=Sum("failures"))["n"] == failures.count() > 0
+    assert set(error_hours.values_list("kind", flat=True)) >= {"ConnectionError", "HTTP <n>"}
+    groups = error_hours.values("start").annotate(n=Count("id")).values_list("n", flat=True)
+    assert max(groups) <= len(seeding.ERRORS)

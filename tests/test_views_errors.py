@@ -1,9 +1,14 @@
-"""Errors view: failures grouped by type and normalised message."""
+"""Errors view: failures grouped by type and normalised message, each group with its trend."""
+
+from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from queues.engine.errors import normalise_error
-from queues.models import Item
+from queues.engine.errors import group_key, normalise_error
+from queues.models import OTHER_ERROR_GROUP, ErrorGroupHour, Item, MetricHour
 from tests.factories import QueueFactory, items_in_status
 
 pytestmark = pytest.mark.django_db
@@ -76,3 +81,100 @@ def test_an_error_group_opens_its_items_and_their_bulk_retry(role_client, failin
     preview = client.get(f"/queues/emails/bulk/?{listing.context['retry_query']}"
                          ).context["preview"]
     assert (preview.matching, preview.eligible) == (2, 2)
+
+
+# --- each group's trend, from the error groups' history ------------------------------------------
+
+def this_hour():
+    return timezone.now().replace(minute=0, second=0, microsecond=0)
+
+
+def failing_groups(queue, errors: list[str]):
+    items = items_in_status(queue, "retry", len(errors))
+    for item, error in zip(items, errors, strict=True):
+        Item.objects.filter(pk=item.pk).update(last_error=error)
+
+
+def history_of(queue, error: str, failures_by_hours_ago: dict[int, int]):
+    kind, message = normalise_error(error)
+    for hours_ago, failures in failures_by_hours_ago.items():
+        ErrorGroupHour.objects.create(
+            queue=queue, start=this_hour() - timedelta(hours=hours_ago),
+            group_key=group_key(kind, message), kind=kind, message=message, failures=failures)
+
+
+def test_the_errors_page_shows_each_groups_trend_with_its_numbers(role_client):
+    queue = QueueFactory(key="emails")
+    script = "<script>alert('x')</script>"
+    failing_groups(queue, ["TimeoutError: read 3 s", "TimeoutError: read 4 s", script])
+    history_of(queue, "TimeoutError: read 1 s", {3: 40, 0: 5, 30: 99})  # 30 h ago: not shown
+    history_of(queue, script, {1: 1})
+    ErrorGroupHour.objects.create(queue=queue, start=this_hour(), group_key=OTHER_ERROR_GROUP,
+                                  failures=12)
+
+    response = role_client("Viewer").get("/queues/emails/errors/")
+
+    html = response.content.decode()
+    peak = (this_hour() - timedelta(hours=3)).strftime("%H:%M")
+    words = f"45 failures in 24 h, peak 40 per hour at {peak} UTC"
+    assert f'role="img" aria-label="{words}"><title>{words}</title>' in html
+    assert '<td class="num">45</td>' in html
+    single = (this_hour() - timedelta(hours=1)).strftime("%H:%M")
+    assert f'aria-label="1 failure in 24 h, peak 1 per hour at {single} UTC"' in html
+    assert "<script>alert" not in html and "&lt;script&gt;alert" in html
+    timeout = next(g for g in response.context["groups"] if g.kind == "TimeoutError")
+    assert timeout.trend.values[-4:] == [40, 0, 0, 5] and len(timeout.trend.values) == 24
+    assert timeout.trend.bars.count("Z") == 2  # one bar per hour with failures
+    assert "12 failures in the last 24 h were outside each hour's 50 largest groups" in html
+
+
+def test_the_trends_of_every_group_cost_the_same_few_queries(role_client):
+    queue = QueueFactory(key="emails")
+    client = role_client("Viewer")
+    errors = [f"LookupError: no {chr(97 + n)}{chr(97 + n)}" for n in range(26)]
+    for error in errors:
+        history_of(queue, error, {2: 3})
+
+    def queries_of_page() -> list[str]:
+        with CaptureQueriesContext(connection) as captured:
+            response = client.get("/queues/emails/errors/")
+        assert response.status_code == 200
+        return [query["sql"] for query in captured.captured_queries]
+
+    failing_groups(queue, errors[:2])
+    few = queries_of_page()
+    failing_groups(queue, errors[2:])
+    many = queries_of_page()
+
+    assert len(many) == len(few) <= 20
+    assert sum(ErrorGroupHour._meta.db_table in sql for sql in many) == 1
+    assert client.get("/queues/emails/errors/").content.decode().count('<svg class="trend') == 26
+
+
+def test_the_trends_span_seven_days_on_request_and_keep_the_pages_other_choices(role_client):
+    queue = QueueFactory(key="emails")
+    failing_groups(queue, ["TimeoutError: read 3 s"])
+    history_of(queue, "TimeoutError: read 3 s", {0: 2, 24 * 5: 7, 24 * 8: 100})
+
+    response = role_client("Viewer").get("/queues/emails/errors/?range=1h&trend=7d")
+
+    html = response.content.decode()
+    trend = response.context["groups"][0].trend
+    assert len(trend.values) == 28 and trend.total == 9
+    assert "9 failures in 7 d, peak 7 per 6 h at " in trend.summary
+    assert "Trend, 7 d" in html and '<td class="num">9</td>' in html
+    assert 'href="/queues/emails/errors/?range=1h&amp;trend=24h">24 h</a>' in html
+    assert 'trend=7d" aria-current="true">7 d</a>' in html
+
+
+def test_without_history_the_page_says_so_instead_of_showing_no_failures(role_client):
+    queue = QueueFactory(key="emails")
+    failing_groups(queue, ["TimeoutError: read 3 s"])
+    client = role_client("Viewer")
+
+    html = client.get("/queues/emails/errors/").content.decode()
+    assert "No failure history for this range yet" in html and "<svg class=\"trend" not in html
+
+    MetricHour.objects.create(queue=queue, start=this_hour())  # the rollup ran: no failures
+    html = client.get("/queues/emails/errors/").content.decode()
+    assert 'aria-label="No failures in 24 h"' in html and '<td class="num">0</td>' in html

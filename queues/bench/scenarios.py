@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from queues.bench import processes, seeding
 from queues.engine import account_stats, counters, fairness, history, lifecycle, selector
-from queues.models import READY_STATUSES, Item, MetricHour, Queue
+from queues.models import READY_STATUSES, ErrorGroupHour, Item, MetricHour, Queue
 
 RESULTS_DIR = settings.BASE_DIR / "var" / "bench"
 
@@ -32,6 +32,8 @@ class Report:
     scenario: str
     parameters: dict
     figures: list[tuple[str, float, str]] = field(default_factory=list)
+    # What the figures do not say by themselves (what is compared with what), printed below them.
+    notes: list[str] = field(default_factory=list)
 
     def add(self, name: str, value: float, unit: str):
         self.figures.append((name, round(value, 3), unit))
@@ -42,6 +44,7 @@ class Report:
                  + ", ".join(f"{k}={v}" for k, v in self.parameters.items()) + ")"]
         lines += [f"  {name:<{width}}  {value:>14,.3f}  {unit}" for name, value, unit in
                   self.figures]
+        lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
     def write_json(self, directory: Path | None = None) -> Path:
@@ -471,10 +474,11 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
         ranked = account_stats.refresh(queue)
         refreshes.append((time.perf_counter() - started) * 1000)
     by_wait = queries.accounts_page(queue, {"sort": "wait"}, now).next_query or "sort=wait"
-    # The charts read the history rollup, which `bench seed` writes; a database seeded before
-    # it existed gets it here.
+    # The charts and the errors page's trends read the history rollup, which `bench seed`
+    # writes; a database seeded before it (or before its error groups) existed gets it here.
     backfill = None
-    if not MetricHour.objects.filter(queue=queue).exists():
+    if not (MetricHour.objects.filter(queue=queue).exists()
+            and ErrorGroupHour.objects.filter(queue=queue).exists()):
         started = time.perf_counter()
         history.backfill([queue.pk])
         backfill = time.perf_counter() - started
@@ -492,6 +496,7 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
         "payload field (order = n)": f"{base}?payload=order+%3D+{order}",
         "item detail (failed item)": f"/items/{failed}/",
         "errors view": f"{base}errors/",
+        "errors view, 7 d trends": f"{base}errors/?trend=7d",
         "accounts view": f"{base}accounts/",
         "accounts by backlog": f"{base}accounts/?sort=backlog",
         "accounts by oldest wait, page 2 (keyset)": f"{base}accounts/?{by_wait}",

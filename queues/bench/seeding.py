@@ -20,6 +20,8 @@ from queues.engine import history
 from queues.models import (
     Attempt,
     DeadLetter,
+    ErrorGroupHour,
+    ErrorGroupMinute,
     Item,
     ItemEvent,
     MetricHour,
@@ -177,10 +179,11 @@ def seed(*, items: int, accounts: int, queues: list[Queue], spread_days: int = 3
             _load_items(plan, step, result)
             _load_events(plan, step, result)
     with step("history"):
-        # The charts' rollups of the seeded events, so that they can be measured at scale.
+        # The charts' and the error trends' rollups of the seeded events, so that they can be
+        # measured at scale.
         result.rows.update(history.backfill([queue.pk for queue in queues]))
         if dialect.pg:
-            for model in (MetricMinute, MetricHour):
+            for model in (MetricMinute, MetricHour, ErrorGroupMinute, ErrorGroupHour):
                 _execute(f"ANALYZE {model._meta.db_table}")
     result.wall_seconds = time.perf_counter() - started
     return result

@@ -4,9 +4,11 @@ A group is an error's first line with ids, numbers and quoted values replaced by
 (`normalise_error`). `group_pattern` turns a group back into a regular expression over stored
 errors, so a list or a bulk operation can select exactly a group's items. The pattern is
 written for both databases: Python's `re` on SQLite and PostgreSQL's advanced regular
-expressions (no \\d and no \\b, whose meaning differs there).
+expressions (no \\d and no \\b, whose meaning differs there). `group_key` names a group in the
+failure history (queues.engine.history), which counts each group's failures per minute and hour.
 """
 
+import hashlib
 import re
 
 MESSAGE_LIMIT = 300
@@ -36,6 +38,11 @@ def normalise_error(error: str) -> tuple[str, str]:
         message = pattern.sub(replacement, message)
     match = _KIND.match(message)
     return (match.group(1) if match else "Error"), message
+
+
+def group_key(kind: str, message: str) -> str:
+    """A short fixed-width name for a group, under which the failure history keeps it."""
+    return hashlib.sha256(f"{kind}\n{message}".encode()).hexdigest()[:16]
 
 
 def group_pattern(message: str) -> str:

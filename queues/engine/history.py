@@ -8,9 +8,15 @@ INSERT ... SELECT ... GROUP BY, rewrites the hours they belong to from the minut
 queue's depth from the counters and prunes what is past retention. A rewrite replaces what the
 period held, so a minute may be rolled up again: each run rewrites the last two, so that events
 committed a little late still count. Pages read these tables only, never the items.
+
+The same run keeps each error group's failures (queues.engine.errors) per queue per minute and
+per hour, for the errors page's trends: the window's failure events are grouped by their text in
+SQL, each distinct text is normalised once in Python (the normalising is Python's), and each
+period keeps its ERROR_GROUPS largest groups and the rest under OTHER_ERROR_GROUP; the hours are
+summed from the minutes in SQL, capped the same way.
 """
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -20,10 +26,14 @@ from django.utils import timezone
 
 from queues.engine import counters
 from queues.engine.db import insert_rows, is_postgres, placeholders, to_db_datetime
+from queues.engine.errors import group_key, normalise_error
 from queues.models import (
     HISTOGRAM_BOUNDS,
     HISTOGRAM_BUCKETS,
     HISTOGRAM_KINDS,
+    OTHER_ERROR_GROUP,
+    ErrorGroupHour,
+    ErrorGroupMinute,
     HistoryRun,
     Item,
     ItemEvent,
@@ -46,6 +56,12 @@ REWRITE = timedelta(minutes=2)  # each run rewrites at least the last two whole 
 CLOCK_SLACK = timedelta(minutes=1)
 TOP_ACCOUNTS = 20
 LOCK_KEY = 7_466_003  # the sweeper's is 7_466_002
+ERROR_GROUPS = 50  # error groups kept per queue and period; the rest count as OTHER_ERROR_GROUP
+# The characters of an event's error that the rollup groups by in SQL: the first line's
+# MESSAGE_LIMIT that make its group, with room for blanks before them, and not the rest of a
+# long error, whose distinct tails would each be a row to read.
+ERROR_PREFIX = 1_024
+ERROR_COLUMNS = ("queue_id", "start", "group_key", "kind", "message", "failures")
 
 COUNTS = ("completed", "failed", "retried", "enqueued")
 DEPTHS = ("depth_queued", "depth_retry", "depth_dispatched", "depth_running", "depth_failed")
@@ -69,9 +85,13 @@ def run(now: datetime | None = None) -> dict[str, int] | None:
         changed: Counter = Counter()
         if start < end:
             changed["minutes rewritten"] = roll_up(MetricMinute, start, end, after)
+            changed["error group minutes rewritten"] = roll_up_errors(
+                ErrorGroupMinute, start, end, after)
             # Into the last minute of the window, so that no minute has a depth but no counts.
             changed["depth samples"] = sample_depth(end - MINUTE)
-            changed["hours rewritten"] = roll_up_hours(_floor(start, HOUR), _ceil(end, HOUR))
+            hours = _floor(start, HOUR), _ceil(end, HOUR)
+            changed["hours rewritten"] = roll_up_hours(*hours)
+            changed["error group hours rewritten"] = roll_up_error_hours(*hours)
         changed.update(prune(now))
         counts = {action: n for action, n in changed.items() if n}
         HistoryRun.objects.create(started_at=now, finished_at=timezone.now(), rolled_to=end,
@@ -119,17 +139,24 @@ def _newest_event_id() -> int:
 def backfill(queue_ids: list[int], now: datetime | None = None) -> dict[str, int]:
     """History of the events already in the database (`bench seed` and `demo` seed 30 days of
     them): hours older than the minutes' retention straight from the events, then minutes, and
-    their hours from the minutes. Reads every event of the queues twice: a one-off."""
+    their hours from the minutes; the error groups' alike. Reads every event of the queues
+    twice and their failure events twice more: a one-off."""
     now = _utc(now or timezone.now())
     mark = _newest_event_id()
     end = _floor(now, MINUTE)
     split = _ceil(end - MINUTE_RETENTION, HOUR)
+    oldest = _floor(end - HOUR_RETENTION, HOUR)
     changed = Counter({
-        "hours rewritten": roll_up(MetricHour, _floor(end - HOUR_RETENTION, HOUR), split, 0,
-                                   queue_ids),
+        "hours rewritten": roll_up(MetricHour, oldest, split, 0, queue_ids),
         "minutes rewritten": roll_up(MetricMinute, split, end, 0, queue_ids),
+        "error group hours rewritten": roll_up_errors(ErrorGroupHour, oldest, split, 0,
+                                                      queue_ids),
+        "error group minutes rewritten": roll_up_errors(ErrorGroupMinute, split, end, 0,
+                                                        queue_ids),
     })
     changed["hours rewritten"] += roll_up_hours(split, _ceil(end, HOUR), queue_ids)
+    changed["error group hours rewritten"] += roll_up_error_hours(split, _ceil(end, HOUR),
+                                                                  queue_ids)
     counts = dict(changed)
     HistoryRun.objects.create(started_at=now, finished_at=timezone.now(), rolled_to=end,
                               last_event_id=mark, counts=counts)
@@ -229,6 +256,68 @@ def roll_up_hours(start: datetime, end: datetime, queue_ids: Iterable[int] | Non
         return cursor.rowcount
 
 
+def roll_up_errors(model, start: datetime, end: datetime, after_event_id: int = 0,
+                   queue_ids: Iterable[int] | None = None) -> int:
+    """Rewrites `model`'s periods (ErrorGroupMinute or ErrorGroupHour) in [start, end) from the
+    failure events (attempts scheduled for retry or failed for good) with ids above
+    `after_event_id`: per queue and period, a row for each of the ERROR_GROUPS groups with the
+    most failures and one for the rest. Returns the rows written."""
+    unit = "minute" if model is ErrorGroupMinute else "hour"
+    events_where, events_params = _events_range(start, end, after_event_id, queue_ids)
+    period, text = _truncate(unit, "e.at"), f"SUBSTR(e.reason, 1, {ERROR_PREFIX})"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT e.queue_id, {period}, {text}, COUNT(*) FROM {ItemEvent._meta.db_table} "
+            f"AS e WHERE {events_where} AND e.to_status IN ('retry', 'failed') "
+            f"GROUP BY e.queue_id, {period}, {text}", events_params)
+        texts = cursor.fetchall()
+    groups: defaultdict[tuple, Counter] = defaultdict(Counter)
+    normalised: dict[str, tuple[str, str]] = {}
+    for queue_id, moment, error, failures in texts:
+        if error not in normalised:
+            normalised[error] = normalise_error(error)
+        groups[(queue_id, moment)][normalised[error]] += failures
+    rows = []
+    for (queue_id, moment), counted in groups.items():
+        ranked = sorted(counted.items(), key=lambda group: (-group[1], group[0]))
+        rows += [(queue_id, moment, group_key(kind, message), kind, message, failures)
+                 for (kind, message), failures in ranked[:ERROR_GROUPS]]
+        if rest := sum(failures for _, failures in ranked[ERROR_GROUPS:]):
+            rows.append((queue_id, moment, OTHER_ERROR_GROUP, "", "", rest))
+    where, params = _range(start, end, queue_ids)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {model._meta.db_table} WHERE {where}", params)
+    insert_rows(model, ERROR_COLUMNS, rows)
+    return len(rows)
+
+
+def roll_up_error_hours(start: datetime, end: datetime,
+                        queue_ids: Iterable[int] | None = None) -> int:
+    """Rewrites the error groups' hours in [start, end) from their minutes: the ERROR_GROUPS
+    groups with the most failures in the hour among its minutes' groups, and the rest (the
+    minutes' own rest too) as OTHER_ERROR_GROUP. Returns the rows written."""
+    table, minutes = ErrorGroupHour._meta.db_table, ErrorGroupMinute._meta.db_table
+    where, params = _range(start, end, queue_ids)
+    period, other = _truncate("hour", "start"), f"'{OTHER_ERROR_GROUP}'"
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table} WHERE {where}", params)
+        cursor.execute(
+            f"INSERT INTO {table} ({', '.join(ERROR_COLUMNS)}) "
+            f"WITH grouped AS (SELECT queue_id, {period} AS period, group_key, "
+            f"MAX(kind) AS kind, MAX(message) AS message, SUM(failures) AS failures "
+            f"FROM {minutes} WHERE {where} GROUP BY queue_id, {period}, group_key), "
+            # The rest ranks after every group, so that the first ERROR_GROUPS are groups.
+            f"ranked AS (SELECT grouped.*, ROW_NUMBER() OVER (PARTITION BY queue_id, period "
+            f"ORDER BY CASE WHEN group_key = {other} THEN 1 ELSE 0 END, failures DESC, "
+            f"group_key) AS position FROM grouped) "
+            f"SELECT queue_id, period, group_key, kind, message, failures FROM ranked "
+            f"WHERE position <= {ERROR_GROUPS} AND group_key <> {other} "
+            f"UNION ALL SELECT queue_id, period, {other}, '', '', SUM(failures) FROM ranked "
+            f"WHERE position > {ERROR_GROUPS} OR group_key = {other} GROUP BY queue_id, period",
+            params)
+        return cursor.rowcount
+
+
 def sample_depth(minute: datetime, queue_ids: Iterable[int] | None = None) -> int:
     """Every queue's depth by status now, from the counters, as the depth at the end of
     `minute` (kept when the minute's counts are rolled up again). Returns the queues sampled."""
@@ -250,9 +339,10 @@ def prune(now: datetime) -> Counter:
     """Rows past retention. The minutes go by whole hours, so that an hour is never rolled up
     again from some of its minutes."""
     changed: Counter = Counter()
+    minutes, hours = _floor(now - MINUTE_RETENTION, HOUR), _floor(now - HOUR_RETENTION, HOUR)
     for model, field, before in (
-            (MetricMinute, "start", _floor(now - MINUTE_RETENTION, HOUR)),
-            (MetricHour, "start", _floor(now - HOUR_RETENTION, HOUR)),
+            (MetricMinute, "start", minutes), (MetricHour, "start", hours),
+            (ErrorGroupMinute, "start", minutes), (ErrorGroupHour, "start", hours),
             (HistoryRun, "started_at", now - RUN_RETENTION)):
         deleted, _ = model.objects.filter(**{f"{field}__lt": before}).delete()
         changed[f"{model._meta.verbose_name_plural} pruned"] += deleted
@@ -311,6 +401,25 @@ def top_accounts(queue_id: int, start: datetime, end: datetime, step: timedelta,
                 if 0 <= index < slots:
                     per_step[index][account] = int(completed)
     return accounts, per_step
+
+
+def error_trends(queue_id: int, start: datetime, end: datetime,
+                 step: timedelta) -> dict[str, list[int]]:
+    """The queue's failures per error group (by group key) and step from `start` to `end`, read
+    from the hours in one statement; OTHER_ERROR_GROUP holds the failures outside each hour's
+    largest groups. A group without failures in the range is not in it."""
+    slots = int((end - start) / step)
+    slot = _slot_sql(start, step)
+    trends: defaultdict[str, list[int]] = defaultdict(lambda: [0] * slots)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT group_key, {slot}, SUM(failures) FROM {ErrorGroupHour._meta.db_table} "
+            f"WHERE queue_id = %s AND start >= %s AND start < %s GROUP BY group_key, {slot}",
+            [queue_id, to_db_datetime(start), to_db_datetime(end)])
+        for key, index, failures in cursor.fetchall():
+            if 0 <= index < slots:
+                trends[key][index] = int(failures)
+    return dict(trends)
 
 
 def percentile(buckets: Sequence[int], fraction: float) -> float | None:

@@ -1,6 +1,7 @@
 """The history charts: throughput, failures, depth, wait and run time of one queue or of every
 queue, and the share of a queue's top accounts, over 1 h, 24 h, 7 d or 30 d, read from
-queues.engine.history (never from the items) and drawn by queues.web.svg.
+queues.engine.history (never from the items) and drawn by queues.web.svg; and the errors page's
+small trend of each error group's failures.
 
 Each chart has a URL of its own that answers an htmx request with its fragment (_chart.html),
 so pages show a panel of placeholders (_history.html) that load their charts once the page is
@@ -22,10 +23,11 @@ from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
 from queues.engine import history
-from queues.models import Queue
+from queues.engine.errors import group_key
+from queues.models import OTHER_ERROR_GROUP, MetricHour, Queue
 from queues.permissions import render_page, viewer_required
 from queues.templatetags.queueadmin import duration_words
-from queues.web.svg import Line, LineChart, line_chart
+from queues.web.svg import Line, LineChart, bars, line_chart
 
 
 @dataclass(frozen=True)
@@ -379,3 +381,76 @@ def _count(value: float) -> str:
 
 def _share(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f}%"
+
+
+# --- the errors page's trends ------------------------------------------------------------------
+
+TREND_RANGES = {r.key: r for r in (
+    Range("24h", "24 h", timedelta(hours=24), timedelta(hours=1), "per hour", "%H:%M"),
+    Range("7d", "7 d", timedelta(days=7), timedelta(hours=6), "per 6 h", "%a %H:%M"),
+)}
+DEFAULT_TREND = "24h"
+TREND_WIDTH, TREND_HEIGHT = 96, 20
+
+
+@dataclass
+class Trend:
+    """One error group's failures per step, as bars (an SVG path) and in words."""
+
+    values: list[int]
+    total: int
+    summary: str
+    bars: str
+
+
+@dataclass
+class TrendLink:
+    label: str
+    href: str
+    current: bool
+
+
+@dataclass
+class Trends:
+    range: Range
+    links: list[TrendLink]
+    kept: bool  # the history covers the range: the rollup ran in it
+    other: int  # failures of the range outside each hour's largest groups, in no trend
+    width: int = TREND_WIDTH
+    height: int = TREND_HEIGHT
+
+
+def error_trends(request, queue: Queue, groups: Sequence, now: datetime) -> Trends:
+    """Sets the trend of each of the errors page's groups (queries.ErrorGroup) over the range
+    the URL's `trend` names, 24 h unless 7 d: one read of the queue's error history for all of
+    them, and when that finds nothing, one more to tell no failures from no history."""
+    range_ = TREND_RANGES.get(request.GET.get("trend", "")) or TREND_RANGES[DEFAULT_TREND]
+    start, end = window(range_, now)
+    per_group = history.error_trends(queue.pk, start, end, range_.step)
+    kept = bool(per_group) or MetricHour.objects.filter(
+        queue=queue, account="", start__gte=start, start__lt=end).exists()
+    steps = int(range_.span / range_.step)
+    labels = [timezone.localtime(start + i * range_.step).strftime(range_.time_format)
+              for i in range(steps)]
+    zone = timezone.get_current_timezone_name()
+    for group in groups:
+        values = per_group.get(group_key(group.kind, group.message), [0] * steps)
+        group.trend = _trend(values, range_, labels, zone) if kept else None
+    links = []
+    for key, option in TREND_RANGES.items():
+        query = request.GET.copy()
+        query["trend"] = key
+        links.append(TrendLink(option.label, f"{request.path}?{query.urlencode()}",
+                               option is range_))
+    return Trends(range_, links, kept, sum(per_group.get(OTHER_ERROR_GROUP, [])))
+
+
+def _trend(values: list[int], range_: Range, labels: list[str], zone: str) -> Trend:
+    total = sum(values)
+    if total:
+        peak = max(values)
+        summary = (f"{_count(total)} failure{'s' if total != 1 else ''} in {range_.label}, "
+                   f"peak {_count(peak)} {range_.per} at {labels[values.index(peak)]} {zone}")
+    else:
+        summary = f"No failures in {range_.label}"
+    return Trend(values, total, summary, bars(values, TREND_WIDTH, TREND_HEIGHT))

@@ -9,7 +9,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from queues.engine import audit, counters, lifecycle, pausing, selector, sweeper
+from queues.engine import audit, counters, history, lifecycle, pausing, selector, sweeper
 from queues.models import (
     DeadLetter,
     Item,
@@ -19,7 +19,7 @@ from queues.models import (
     UserPreference,
 )
 from queues.permissions import can_operate, operator_required, render_page, viewer_required
-from queues.web import export, feedback, masking, queries
+from queues.web import charts, export, feedback, masking, queries
 from queues.web.forms import (
     PERIODS,
     AccountsForm,
@@ -140,9 +140,10 @@ def queue_counts(request, key):
 def queue_errors(request, key):
     queue = get_object_or_404(Queue, key=key)
     groups, read = queries.error_groups(queue)
+    trends = charts.error_trends(request, queue, groups, timezone.now())
     return render_page(request, "queues/errors.html",
-                  {"queue": queue, "groups": groups, "read": read,
-                   "sample": queries.ERROR_SAMPLE})
+                  {"queue": queue, "groups": groups, "read": read, "trends": trends,
+                   "sample": queries.ERROR_SAMPLE, "kept_groups": history.ERROR_GROUPS})
 
 
 @require_GET

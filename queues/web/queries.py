@@ -9,7 +9,7 @@ accounts on the page.
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlencode
 
 from django.core import signing
@@ -37,6 +37,9 @@ from queues.models import (
     SelectorState,
     Status,
 )
+
+if TYPE_CHECKING:
+    from queues.web.charts import Trend
 
 PAGE_SIZE = 50
 EXACT_COUNT_LIMIT = 10_000
@@ -335,6 +338,7 @@ class ErrorGroup:
     last_seen: datetime | None = None
     accounts: set = field(default_factory=set)
     sample_error: str = ""
+    trend: "Trend | None" = None  # set by the errors page (charts.error_trends)
 
 
 def error_groups(queue: Queue) -> tuple[list[ErrorGroup], int]:

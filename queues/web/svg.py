@@ -1,7 +1,8 @@
 """Line charts as server-rendered SVG: scales, axis ticks (times in the user's time zone), paths
-that break where data is missing, and a hover column per step. It computes geometry and words;
-queues/_chart.html draws them, except the hover columns, which format_html_join (escaping each
-text) writes here: a template loop over a week's 168 steps costs more than the rest of a chart."""
+that break where data is missing, and a hover column per step; and the bars of a small trend.
+It computes geometry and words; queues/_chart.html draws them, except the hover columns, which
+format_html_join (escaping each text) writes here: a template loop over a week's 168 steps costs
+more than the rest of a chart."""
 
 import math
 from collections.abc import Callable, Sequence
@@ -179,3 +180,17 @@ def time_ticks(start: datetime, end: datetime) -> list[tuple[datetime, str]]:
             ticks.append((moment, moment.strftime("%a %d" if every_days == 1 else "%b %d")))
         day += timedelta(days=1)
     return ticks
+
+
+def bars(values: Sequence[int], width: float, height: float) -> str:
+    """A path of one bar per value, side by side across `width`, the highest `height` tall; a
+    value above zero is at least a pixel tall, so that a lone failure shows."""
+    highest = max(values, default=0)
+    slot = width / max(1, len(values))
+    parts = []
+    for index, value in enumerate(values):
+        if value > 0:
+            top = height - max(1.0, height * value / highest)
+            left = index * slot
+            parts.append(f"M{left:.1f} {height}V{top:.1f}H{left + slot * 0.8:.1f}V{height}Z")
+    return "".join(parts)

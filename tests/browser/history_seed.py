@@ -1,6 +1,7 @@
 """Data for the charts' browser test: the usual seed (tests.browser.seed) and a day of minute
 rollups and a month of hours for the Emails queue and two of its accounts, shaped like a working
-day, as queues.engine.history would have written them."""
+day, and a week of hours of its two error groups, as queues.engine.history would have written
+them."""
 
 import math
 from datetime import timedelta
@@ -8,7 +9,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from queues.engine import history
-from queues.models import MetricHour, MetricMinute, Queue, histogram_column
+from queues.engine.errors import group_key, normalise_error
+from queues.models import ErrorGroupHour, MetricHour, MetricMinute, Queue, histogram_column
 from tests.browser import seed as base
 
 
@@ -40,3 +42,10 @@ def seed():
     MetricHour.objects.bulk_create([
         MetricHour(queue=queue, start=hour - timedelta(hours=n), **{
             k: v * 60 for k, v in figures(n * 60).items()}) for n in range(30 * 24)])
+    # The seed's retrying and failed items' errors (tests.factories.items_in_status).
+    for error, scale in (("temporary trouble", 6), ("bad input", 1)):
+        kind, message = normalise_error(error)
+        ErrorGroupHour.objects.bulk_create([
+            ErrorGroupHour(queue=queue, start=hour - timedelta(hours=n), kind=kind,
+                           message=message, group_key=group_key(kind, message),
+                           failures=scale * (1 + n % 5)) for n in range(7 * 24)])

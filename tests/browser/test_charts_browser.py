@@ -1,7 +1,10 @@
 """The history charts in Debian's headless Chromium, on a real uvicorn server and a database of
 its own (tests.browser.history_seed): the queue page loads its charts with axes, legend, hover
-values and a table; the range picker swaps them; no CSP or console error; axe-core finds no
-serious violation in either theme. Screenshots go to var/test-artifacts/browser/charts-*.png."""
+values and a table; the range picker swaps them; the errors page draws each group's trend; no
+CSP or console error; axe-core finds no serious violation in either theme. Screenshots go to
+var/test-artifacts/browser/charts-*.png."""
+
+import re
 
 import pytest
 
@@ -76,3 +79,20 @@ def test_charts_pass_axe_in_both_themes(open_page, dashboard_server, axe, theme)
         support.check_accessibility(page, axe, f"charts-{theme}-{path.strip('/') or 'overview'}"
                                     .replace("/", "-"))
 
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_errors_page_draws_each_groups_trend_and_passes_axe(open_page, dashboard_server,
+                                                                axe, theme):
+    page = open_page("viewer", color_scheme=theme)
+    page.goto(f"{dashboard_server}/queues/emails/errors/")
+    trends = page.get_by_role("img", name=re.compile(r"^\d+ failures in 24 h, peak \d+ per hour"))
+    expect(trends).to_have_count(2)
+    box = trends.first.bounding_box()
+    assert box["width"] > 40 and box["height"] > 10
+    assert trends.first.locator("path").get_attribute("d").startswith("M")
+    page.get_by_role("navigation", name="Time range of the trends").get_by_role(
+        "link", name="7 d").click()
+    expect(page.get_by_role("img", name=re.compile(r"failures in 7 d, peak"))).to_have_count(2)
+    page.screenshot(path=support.artifact(f"charts-errors-{theme}"), full_page=True)
+    support.check_accessibility(page, axe, f"charts-{theme}-errors")
