@@ -168,13 +168,15 @@ def _fresh_start_and_trickle(report, run, clusters, accounts, seconds, completio
         report.add(f"idle queue: enqueue to {label} max", max(waits), "s")
 
 
-def _backlog(queue: Queue, work: list[dict], clusters: int, accounts: int, log) -> float:
-    """Items per second from the first enqueue, clusters up, until 99% of first attempts end."""
+def _backlog(queue: Queue, work: list[dict], clusters: int, accounts: int, log,
+             share: float = FINISHED_SHARE) -> float:
+    """Items per second from the first enqueue, clusters up, until `share` of first attempts
+    end (99% by default)."""
     running = _start_and_wait(clusters)
     try:
         started = time.perf_counter()
         _enqueue(queue, work, accounts)
-        target = math.ceil(FINISHED_SHARE * len(work))
+        target = math.ceil(share * len(work))
         processes.wait_for(lambda: _first_attempts_ended(queue) >= target, 900, interval=0.1)
         elapsed = time.perf_counter() - started
     finally:
@@ -250,7 +252,8 @@ def _repeated(completions: Path) -> tuple[int, int]:
     return after, sum(len(a) - 1 for a in repeated.values()) - after
 
 
-def _bare(work: list[dict], clusters: int, completions: Path, log) -> float:
+def _bare(work: list[dict], clusters: int, completions: Path, log,
+          share: float = FINISHED_SHARE) -> float:
     from django_q.models import Task
     from django_q.tasks import async_task
 
@@ -267,7 +270,7 @@ def _bare(work: list[dict], clusters: int, completions: Path, log) -> float:
         started = time.perf_counter()
         for number, task_work in enumerate(work):
             async_task("queues.bench.workload.bare_work", number, task_work, str(completions))
-        target = math.ceil(FINISHED_SHARE * len(work))
+        target = math.ceil(share * len(work))
         processes.wait_for(lambda: ended() >= target, 900, interval=0.2)
         elapsed = time.perf_counter() - started
     finally:

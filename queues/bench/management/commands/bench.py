@@ -1,13 +1,15 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
 
+from queues.bench import peers as bench_peers
 from queues.bench import scenarios as bench
 from queues.bench import workload as bench_workload
 
 
 class Command(BaseCommand):
     help = ("Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, planner, "
-            "throughput, workload, bulk, api, stream, pages.")
+            "throughput, workload, peers, bulk, api, stream, pages.")
 
     def add_arguments(self, parser):
         scenarios = parser.add_subparsers(dest="scenario", required=True)
@@ -48,6 +50,19 @@ class Command(BaseCommand):
                               help="how long an idle queue is fed one item every 0.25 s")
         workload.add_argument("--drain-timeout", type=float, default=480,
                               help="seconds the kill drill may take to end every item")
+        peers = scenarios.add_parser(
+            "peers", help="No-op and realistic work through QueueAdmin, bare django-q2, "
+                          "procrastinate and django-tasks-db, interleaved (PostgreSQL).")
+        peers.add_argument("--items", type=int, default=5000, help="tasks per measurement")
+        peers.add_argument("--clusters", type=int, default=2,
+                           help="django-q2 clusters; the peers get as many worker processes")
+        peers.add_argument("--runs", type=int, default=3)
+        peers.add_argument("--accounts", type=int, default=50)
+        peers.add_argument("--system", action="append", choices=list(bench_peers.SYSTEMS),
+                           help="repeat to pick several (default: all)")
+        peers.add_argument("--finished-share", type=float, default=bench_workload.FINISHED_SHARE,
+                           help="share of tasks whose end stops the clock (the realistic work's "
+                                "few 155-170 s tasks would otherwise only measure themselves)")
         bulk = scenarios.add_parser(
             "bulk", help="Bulk retry and cancel of 100k items while the selector runs.")
         bulk.add_argument("--items", type=int, default=100_000)
@@ -120,6 +135,19 @@ class Command(BaseCommand):
                 items=options["items"], clusters=options["clusters"],
                 accounts=options["accounts"], trickle_seconds=options["trickle_seconds"],
                 drain_timeout=options["drain_timeout"], log=self.stdout.write)
+        elif scenario == "peers":
+            if connection.vendor != "postgresql":
+                raise CommandError("bench peers needs PostgreSQL: procrastinate runs on nothing "
+                                   "else")
+            if min(options["clusters"], options["runs"], options["accounts"]) < 1 or \
+                    not 0 < options["finished_share"] <= 1:
+                raise CommandError("--clusters, --runs and --accounts must be at least 1, "
+                                   "--finished-share in (0, 1]")
+            report = bench_peers.run_peers(
+                items=options["items"], clusters=options["clusters"], runs=options["runs"],
+                accounts=options["accounts"],
+                systems=list(dict.fromkeys(options["system"] or bench_peers.SYSTEMS)),
+                share=options["finished_share"], log=self.stdout.write)
         elif scenario == "seed":
             report = bench.run_seed(items=options["items"], accounts=options["accounts"],
                                     queues=options["queues"], log=self.stdout.write)
