@@ -54,16 +54,25 @@
   });
 
   // hx-confirm asks in the page's own dialog, not the browser's confirm(); so do shortcuts.
+  var confirmed = null;  // what the open question does on "confirm"
   function askInDialog(question, label, then) {
     var dialog = document.getElementById("confirm-dialog");
     document.getElementById("confirm-dialog-text").textContent = question;
     document.getElementById("confirm-dialog-ok").textContent = label || "Confirm";
     dialog.returnValue = "";
-    dialog.addEventListener("close", function answered() {
-      dialog.removeEventListener("close", answered);
-      if (dialog.returnValue === "confirm") { then(); }
-    });
+    confirmed = then;
     dialog.showModal();
+  }
+  var confirmDialog = document.getElementById("confirm-dialog");
+  if (confirmDialog) {
+    confirmDialog.addEventListener("close", function () {
+      // A close event is dispatched later than the close itself: one that arrives when the
+      // dialog already asks again belongs to the earlier question (answered "Go back").
+      if (confirmDialog.open) { return; }
+      var then = confirmed;
+      confirmed = null;
+      if (then && confirmDialog.returnValue === "confirm") { then(); }
+    });
   }
   document.addEventListener("htmx:confirm", function (event) {
     var dialog = document.getElementById("confirm-dialog");
