@@ -18,6 +18,9 @@ FIRST_FRAME = """requestAnimationFrame(() => {
 
 
 def background(page) -> str:
+    # After the page's stylesheets: on a busy machine the status of a save was shown while the
+    # theme's stylesheet was still loading. What the first frame shows is FIRST_FRAME's test.
+    page.wait_for_load_state("load")
     return page.evaluate("getComputedStyle(document.body).backgroundColor")
 
 
