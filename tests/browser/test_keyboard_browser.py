@@ -137,6 +137,8 @@ def test_r_retries_the_open_item_after_the_confirmation_dialog(open_page, dashbo
     page = open_page("operator")
     page.goto(f"{dashboard_server}/search/?q=invoice-0")
     page.get_by_role("link", name="invoice-0").click()
+    # Until the load event the page's script may not listen for keys yet.
+    page.wait_for_url(re.compile(r"/items/\d+/$"), wait_until="load")
     expect(page.locator("#item-status")).to_have_text("Permanent Failure")
     page.keyboard.press("r")
     dialog = page.get_by_role("dialog")
@@ -157,6 +159,8 @@ def test_r_does_nothing_for_a_viewer(open_page, dashboard_server):
     page = open_page("viewer")
     page.goto(f"{dashboard_server}/search/?q=done-0")
     page.get_by_role("link", name="done-0").click()
+    # Until the load event the page's script may not listen for keys yet.
+    page.wait_for_url(re.compile(r"/items/\d+/$"), wait_until="load")
     page.keyboard.press("r")
     expect(page.get_by_role("dialog")).to_have_count(0)
     assert re.search(r"/items/\d+/$", page.url)
