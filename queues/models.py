@@ -384,6 +384,9 @@ class SelectorLease(models.Model):
     holder = models.CharField(max_length=150, blank=True)
     renewed_at = models.FloatField(default=0)
     successor = models.CharField(max_length=150, blank=True)
+    # When the successor wrote itself, so that one which died waiting cannot block a restart;
+    # a database default, as the previous release (running during a deploy) inserts without it.
+    successor_since = models.FloatField(db_default=0)
 
     def __str__(self):
         return f"selector loop held by {self.holder or 'nobody'}"

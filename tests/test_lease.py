@@ -101,9 +101,22 @@ def test_the_lease_is_vacant_when_released_or_run_out_with_nobody_waiting(monkey
     lease.release("a")
     assert lease.vacant()
     assert lease.acquire("a", wait=0)
-    SelectorLease.objects.update(successor="b")
+    SelectorLease.objects.update(successor="b", successor_since=time.time())
     monkeypatch.setattr(lease, "TTL_SECONDS", 0)
     assert not lease.vacant()  # b takes over at its next poll
     SelectorLease.objects.update(successor="")
     time.sleep(0.01)  # the database clock moves on past the renewal
+    assert lease.vacant()
+
+
+def test_a_successor_that_died_waiting_does_not_keep_the_lease_from_being_vacant(monkeypatch):
+    """A successor in a cluster killed with kill -9 never clears its name: the loop must still
+    be restarted once its wait is surely over."""
+    monkeypatch.setattr(lease, "TTL_SECONDS", 0)
+    assert lease.acquire("dead-holder", wait=0)
+    SelectorLease.objects.update(successor="dead-successor", successor_since=time.time())
+    time.sleep(0.01)
+    assert not lease.vacant()  # it may still take over
+    monkeypatch.setattr(lease, "SUCCESSOR_WAIT_SECONDS", 0)
+    SelectorLease.objects.update(successor_since=time.time() - 2)
     assert lease.vacant()

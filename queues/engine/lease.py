@@ -16,6 +16,8 @@ from queues.models import SelectorLease
 
 TTL_SECONDS = 15.0
 POLL_SECONDS = 0.1
+# The longest a successor waits; one that wrote itself longer ago gave up or died.
+SUCCESSOR_WAIT_SECONDS = TTL_SECONDS + 5
 
 HELD, HANDOVER, LOST = "held", "handover", "lost"
 
@@ -36,7 +38,9 @@ def _execute(sql: str, params: list) -> tuple[int, list]:
 def acquire(me: str, wait: float) -> bool:
     """Take the lease, waiting up to `wait` seconds as the successor; False if another holder
     kept it or a newer successor took our place."""
-    _execute("INSERT INTO {table} (id, holder, renewed_at, successor) VALUES (1, '', 0, '') "
+    wait = min(wait, SUCCESSOR_WAIT_SECONDS)
+    _execute("INSERT INTO {table} (id, holder, renewed_at, successor, successor_since) "
+             "VALUES (1, '', 0, '', 0) "
              "ON CONFLICT (id) DO NOTHING", [])
     deadline = time.monotonic() + wait
     waiting = False
@@ -48,7 +52,8 @@ def acquire(me: str, wait: float) -> bool:
         if taken:
             return True
         if not waiting:
-            _execute("UPDATE {table} SET successor = %s WHERE id = 1", [me])
+            _execute("UPDATE {table} SET successor = %s, successor_since = {now} WHERE id = 1",
+                     [me])
             waiting = True
         else:
             _, rows = _execute("SELECT successor FROM {table} WHERE id = 1", [])
@@ -75,8 +80,10 @@ def release(me: str):
 
 
 def vacant() -> bool:
-    """Nobody runs the selector loop and nobody waits to: its holder let go without a
-    successor, or died and its lease ran out."""
-    _, rows = _execute("SELECT holder = '' OR renewed_at < {now} - %s, successor FROM {table} "
-                       "WHERE id = 1", [TTL_SECONDS])
-    return not rows or (bool(rows[0][0]) and rows[0][1] == "")
+    """Nobody runs the selector loop and nobody waits to: its holder let go or died and its
+    lease ran out, with no successor or one that has waited longer than any successor waits
+    (a successor in a killed cluster never clears its name: the loop stayed down for minutes)."""
+    _, rows = _execute("SELECT holder = '' OR renewed_at < {now} - %s, successor = '' OR "
+                       "successor_since < {now} - %s FROM {table} WHERE id = 1",
+                       [TTL_SECONDS, SUCCESSOR_WAIT_SECONDS + 1])
+    return not rows or (bool(rows[0][0]) and bool(rows[0][1]))

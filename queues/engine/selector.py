@@ -153,7 +153,7 @@ def tick(seconds: float | None = None, idle_sleep: float = IDLE_SECONDS) -> dict
     me = f"{heartbeat.worker_id()}:{secrets.token_hex(4)}"
     if seconds is None:
         seconds = settings.Q_CLUSTER["timeout"] - LOOP_MARGIN_SECONDS
-    if not lease.acquire(me, wait=lease.TTL_SECONDS + 5):
+    if not lease.acquire(me, wait=lease.SUCCESSOR_WAIT_SECONDS):
         return {}
     taken: Counter = Counter()
     deadline = time.monotonic() + seconds
