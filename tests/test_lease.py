@@ -120,3 +120,15 @@ def test_a_successor_that_died_waiting_does_not_keep_the_lease_from_being_vacant
     monkeypatch.setattr(lease, "SUCCESSOR_WAIT_SECONDS", 0)
     SelectorLease.objects.update(successor_since=time.time() - 2)
     assert lease.vacant()
+
+
+def test_a_loop_that_takes_the_lease_beside_a_dead_successor_keeps_it(monkeypatch):
+    """Handing over to a successor that died waiting would end every new loop at once."""
+    monkeypatch.setattr(lease, "TTL_SECONDS", 0)
+    monkeypatch.setattr(lease, "SUCCESSOR_WAIT_SECONDS", 0)
+    assert lease.acquire("dead-holder", wait=0)
+    SelectorLease.objects.update(successor="dead-successor", successor_since=time.time() - 2)
+    time.sleep(0.01)
+    assert lease.acquire("new-loop", wait=0)
+    assert lease.renew("new-loop") == lease.HELD
+    assert SelectorLease.objects.get().successor == ""

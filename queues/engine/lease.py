@@ -16,8 +16,14 @@ from queues.models import SelectorLease
 
 TTL_SECONDS = 15.0
 POLL_SECONDS = 0.1
-# The longest a successor waits; one that wrote itself longer ago gave up or died.
+# The longest a successor waits; one that wrote itself longer ago gave up or died (killed, its
+# name is never cleared), and is ignored: it held every new loop to a handover nobody took.
 SUCCESSOR_WAIT_SECONDS = TTL_SECONDS + 5
+
+
+def _live_successor() -> str:
+    return f"(successor <> '' AND successor_since >= {{now}} - {SUCCESSOR_WAIT_SECONDS + 1})"
+
 
 HELD, HANDOVER, LOST = "held", "handover", "lost"
 
@@ -47,8 +53,9 @@ def acquire(me: str, wait: float) -> bool:
     while True:
         taken, _ = _execute(
             "UPDATE {table} SET holder = %s, renewed_at = {now}, successor = CASE WHEN "
-            "successor = %s THEN '' ELSE successor END WHERE id = 1 AND (holder = '' OR "
-            "renewed_at < {now} - %s)", [me, me, TTL_SECONDS])
+            "successor = %s OR NOT " + _live_successor() + " THEN '' ELSE successor END "
+            "WHERE id = 1 AND (holder = '' OR renewed_at < {now} - %s)",
+            [me, me, TTL_SECONDS])
         if taken:
             return True
         if not waiting:
@@ -69,10 +76,11 @@ def renew(me: str) -> str:
     """HELD while we hold the lease and nobody waits; HANDOVER when a successor waits; LOST when
     the lease ran out and another process took it."""
     _, rows = _execute("UPDATE {table} SET renewed_at = {now} WHERE id = 1 AND holder = %s "
-                       "RETURNING successor", [me])
+                       "RETURNING successor, " + _live_successor(), [me])
     if not rows:
         return LOST
-    return HANDOVER if rows[0][0] not in ("", me) else HELD
+    successor, live = rows[0]
+    return HANDOVER if live and successor != me else HELD
 
 
 def release(me: str):
@@ -81,9 +89,7 @@ def release(me: str):
 
 def vacant() -> bool:
     """Nobody runs the selector loop and nobody waits to: its holder let go or died and its
-    lease ran out, with no successor or one that has waited longer than any successor waits
-    (a successor in a killed cluster never clears its name: the loop stayed down for minutes)."""
-    _, rows = _execute("SELECT holder = '' OR renewed_at < {now} - %s, successor = '' OR "
-                       "successor_since < {now} - %s FROM {table} WHERE id = 1",
-                       [TTL_SECONDS, SUCCESSOR_WAIT_SECONDS + 1])
+    lease ran out, and no live successor waits."""
+    _, rows = _execute("SELECT holder = '' OR renewed_at < {now} - %s, NOT " + _live_successor()
+                       + " FROM {table} WHERE id = 1", [TTL_SECONDS])
     return not rows or (bool(rows[0][0]) and bool(rows[0][1]))
