@@ -10,7 +10,9 @@ from queues.models import Item, Queue, Status
 from queues.web import queries
 from queues.web.masking import mask_payload
 
-MAX_ROWS = 100_000  # narrow the filter for more; a spreadsheet chokes well before this anyway
+# Narrow the filter for more: a spreadsheet holds 1,048,576 rows. The rows stream in keyset
+# chunks, so the web process's memory stays flat however many there are (bench soak).
+MAX_ROWS = 1_000_000
 CHUNK = 1000
 COLUMNS = ("id", "queue", "account", "identifier", "status", "priority", "attempts", "run_at",
            "last_error", "created_at", "updated_at", "finished_at", "payload")

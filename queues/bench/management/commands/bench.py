@@ -3,13 +3,15 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from queues.bench import peers as bench_peers
+from queues.bench import retention as bench_retention
 from queues.bench import scenarios as bench
+from queues.bench import soak as bench_soak
 from queues.bench import workload as bench_workload
 
 
 class Command(BaseCommand):
     help = ("Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, planner, "
-            "throughput, workload, peers, bulk, api, stream, pages.")
+            "throughput, workload, peers, bulk, api, stream, pages, retention, soak.")
 
     def add_arguments(self, parser):
         scenarios = parser.add_subparsers(dest="scenario", required=True)
@@ -83,6 +85,22 @@ class Command(BaseCommand):
             "pages", help="Server time and SQL queries of the dashboard pages (seed first).")
         pages.add_argument("--queue", default="bench-0", help="a seeded queue")
         pages.add_argument("--requests", type=int, default=50, help="timed requests per page")
+        retention = scenarios.add_parser(
+            "retention", help="The sweeper's retention catching up on a seeded database "
+                              "(PostgreSQL; seed first), with selector rounds beside it.")
+        retention.add_argument("--retention-days", type=int, default=1,
+                               help="every queue's retention during the run (restored after)")
+        retention.add_argument("--minutes", type=float, default=60,
+                               help="longest the catching up may take")
+        retention.add_argument("--queue", default="bench-0",
+                               help="a seeded queue whose selector rounds are timed")
+        retention.add_argument("--selector-rounds", type=int, default=50)
+        soak = scenarios.add_parser(
+            "soak", help="Resident memory of web, clusters and selector over a long run, and of "
+                         "the web process while it streams a large export (seed first).")
+        soak.add_argument("--minutes", type=float, default=30)
+        soak.add_argument("--export-queue", default="bench-0",
+                          help="a seeded queue whose whole CSV export is streamed at the end")
 
     def handle(self, *args, scenario, **options):
         if settings.DEBUG:
@@ -111,6 +129,27 @@ class Command(BaseCommand):
                 raise CommandError("--requests must be at least 1")
             report = bench.run_pages(queue_key=options["queue"], requests=options["requests"],
                                      log=self.stdout.write)
+        elif scenario == "retention":
+            if options["retention_days"] < 1 or options["minutes"] <= 0 or \
+                    options["selector_rounds"] < 1:
+                raise CommandError("--retention-days and --selector-rounds must be at least 1, "
+                                   "--minutes positive")
+            try:
+                report = bench_retention.run_retention(
+                    retention_days=options["retention_days"], minutes=options["minutes"],
+                    selector_queue=options["queue"], selector_rounds=options["selector_rounds"],
+                    log=self.stdout.write)
+            except RuntimeError as exc:
+                raise CommandError(str(exc)) from None
+        elif scenario == "soak":
+            if options["minutes"] <= 0:
+                raise CommandError("--minutes must be positive")
+            try:
+                report = bench_soak.run_soak(minutes=options["minutes"],
+                                             export_queue=options["export_queue"],
+                                             log=self.stdout.write)
+            except RuntimeError as exc:
+                raise CommandError(str(exc)) from None
         elif options["items"] < 1:
             raise CommandError("--items must be at least 1")
         elif scenario == "bulk":

@@ -1,0 +1,40 @@
+"""`manage.py bench retention` on a small seeded queue: retention catches up, the figures say how
+long it took and what its longest statement cost, and the queues' retention is put back."""
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from queues.bench import retention, scenarios
+from queues.models import FINISHED_STATUSES, Item, ItemEvent, Queue
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def test_bench_retention_prunes_what_is_past_retention_and_restores_the_setting(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(retention, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(scenarios, "RESULTS_DIR", tmp_path)
+    call_command("bench", "seed", "--items", "6000", "--accounts", "50", "--queues", "2",
+                 stdout=StringIO())
+    finished = Item.objects.filter(status__in=FINISHED_STATUSES).count()
+    assert finished > 1000
+    out = StringIO()
+    call_command("bench", "retention", "--minutes", "2", "--selector-rounds", "3", stdout=out)
+    figures = {name: value for name, value, _ in
+               json.loads((tmp_path / "retention.json").read_text())["figures"]}
+    # The seed spreads finished items over 30 days: nearly all are past a day's retention.
+    assert 0.9 * finished <= figures["items pruned"] == finished - Item.objects.filter(
+        status__in=FINISHED_STATUSES).count()
+    assert figures["time to catch up"] > 0 and figures["longest statement (client side)"] > 0
+    assert "selector round p95 idle" in figures
+    assert not ItemEvent.objects.exclude(item_id__in=Item.objects.values("id")).exists()
+    assert set(Queue.objects.values_list("retention_days", flat=True)) == {60}
+
+
+def test_bench_retention_names_a_missing_queue():
+    with pytest.raises(CommandError, match="bench seed"):
+        call_command("bench", "retention", "--queue", "nowhere")
