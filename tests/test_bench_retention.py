@@ -38,3 +38,4 @@ def test_bench_retention_prunes_what_is_past_retention_and_restores_the_setting(
 def test_bench_retention_names_a_missing_queue():
     with pytest.raises(CommandError, match="bench seed"):
         call_command("bench", "retention", "--queue", "nowhere")
+

@@ -6,12 +6,13 @@ from queues.bench import peers as bench_peers
 from queues.bench import retention as bench_retention
 from queues.bench import scenarios as bench
 from queues.bench import soak as bench_soak
+from queues.bench import upgrade as bench_upgrade
 from queues.bench import workload as bench_workload
 
 
 class Command(BaseCommand):
     help = ("Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, planner, "
-            "throughput, workload, peers, bulk, api, stream, pages, retention, soak.")
+            "throughput, workload, peers, bulk, api, stream, pages, retention, soak, migrations.")
 
     def add_arguments(self, parser):
         scenarios = parser.add_subparsers(dest="scenario", required=True)
@@ -101,6 +102,10 @@ class Command(BaseCommand):
         soak.add_argument("--minutes", type=float, default=30)
         soak.add_argument("--export-queue", default="bench-0",
                           help="a seeded queue whose whole CSV export is streamed at the end")
+        migrations = scenarios.add_parser(
+            "migrations", help="Time the newest migrations backwards and forwards on this "
+                               "database (seed it first).")
+        migrations.add_argument("--count", type=int, default=3, help="how many of the newest")
 
     def handle(self, *args, scenario, **options):
         if settings.DEBUG:
@@ -139,6 +144,14 @@ class Command(BaseCommand):
                     retention_days=options["retention_days"], minutes=options["minutes"],
                     selector_queue=options["queue"], selector_rounds=options["selector_rounds"],
                     log=self.stdout.write)
+            except RuntimeError as exc:
+                raise CommandError(str(exc)) from None
+        elif scenario == "migrations":
+            if options["count"] < 1:
+                raise CommandError("--count must be at least 1")
+            try:
+                report = bench_upgrade.run_migrations(count=options["count"],
+                                                      log=self.stdout.write)
             except RuntimeError as exc:
                 raise CommandError(str(exc)) from None
         elif scenario == "soak":

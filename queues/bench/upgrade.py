@@ -1,0 +1,52 @@
+"""`manage.py bench migrations`: how long the newest migrations take on this database (run it
+on the 10M-item one): each is unapplied, newest first, then applied again one at a time, as an
+upgrade applies it. A migration that rewrote a big table or scanned it under a lock would show
+here as seconds or minutes."""
+
+import time
+
+from django.core.management import call_command
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
+
+from queues.bench.scenarios import Report
+from queues.models import Item
+
+APP = "queues"
+
+
+def newest_migrations(count: int) -> list[str]:
+    loader = MigrationLoader(connection)
+    names = sorted(name for app, name in loader.disk_migrations if app == APP)
+    return names[-count:]
+
+
+def run_migrations(*, count: int, log=print) -> Report:
+    names = newest_migrations(count)
+    report = Report("migrations", {"migrations": ", ".join(names), "items": Item.objects.count()})
+    loader = MigrationLoader(connection)
+    applied = {name for app, name in loader.applied_migrations if app == APP}
+    missing = [name for name in names if name not in applied]
+    if missing:
+        raise RuntimeError(f"apply every migration first (`migrate`); not applied: {missing}")
+    every = sorted(name for app, name in loader.disk_migrations if app == APP)
+    before = every[every.index(names[0]) - 1]
+    # Backwards, newest first: the way a rollback of this release would go.
+    for index in range(len(names) - 1, -1, -1):
+        target = names[index - 1] if index else before
+        seconds = _timed_migrate(target)
+        log(f"unapplied {names[index]} in {seconds:.2f} s")
+        report.add(f"{names[index]} backwards", seconds, "s")
+    for name in names:
+        seconds = _timed_migrate(name)
+        log(f"applied {name} in {seconds:.2f} s")
+        report.add(f"{name} forwards", seconds, "s")
+    report.notes.append("Forwards is what an upgrade runs; every one of them must be safe while "
+                        "the previous release keeps running (docs/deploy.md).")
+    return report
+
+
+def _timed_migrate(target: str) -> float:
+    started = time.perf_counter()
+    call_command("migrate", APP, target, verbosity=0, interactive=False)
+    return time.perf_counter() - started
