@@ -28,3 +28,19 @@ def role_client(db, client):
         return client
 
     return sign_in
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A webhook receiver on a local port for the module (tests.receiver)."""
+    from tests.receiver import Receiver
+
+    receiver = Receiver()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture
+def receiver(server):
+    server.reset()
+    return server

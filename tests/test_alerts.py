@@ -36,24 +36,10 @@ from queues.models import (
     histogram_column,
 )
 from tests.factories import QueueFactory, items_in_status
-from tests.test_webhook import Receiver
 
 pytestmark = pytest.mark.django_db
 SECRET = "alerts-and-receiver-share-this"
 OPS = "ops@example.com"
-
-
-@pytest.fixture(scope="module")
-def server():
-    receiver = Receiver()
-    yield receiver
-    receiver.stop()
-
-
-@pytest.fixture
-def receiver(server):
-    server.reset()
-    return server
 
 
 def configure(settings, **alert_settings):
