@@ -80,6 +80,38 @@ def test_bench_selector_times_rounds_and_puts_the_backlog_back(tmp_path, monkeyp
         "status", flat=True)) == {Status.QUEUED}
 
 
+@pytest.mark.django_db(transaction=True)
+def test_bench_selector_times_an_already_seeded_queue_without_seeding_another(tmp_path,
+                                                                               monkeypatch):
+    from queues.bench import seeding
+    from queues.models import Queue
+
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    queues = [bench.bench_queue("bench-0"), bench.bench_queue("bench-1")]
+    seeding.seed(items=3000, accounts=200, queues=queues)
+    Queue.objects.filter(key="bench-1").update(concurrency=5, paused=True)
+    out = StringIO()
+    call_command("bench", "selector", "--queue", "bench-1", "--rounds", "2",
+                 "--fairness-rounds", "10", stdout=out)
+    assert "bench-1: round p95" in out.getvalue()
+    report = json.loads((tmp_path / "selector.json").read_text())
+    assert report["parameters"]["queues"] == "bench-1"
+    assert report["parameters"]["datasets"] == ""
+    assert {name.split(":")[0] for name, _, _ in report["figures"]} == {"bench-1"}
+    assert set(Queue.objects.values_list("key", flat=True)) == {"bench-0", "bench-1"}
+    queue = Queue.objects.get(key="bench-1")
+    assert (queue.batch_size, queue.paused) == (60, False)
+    assert queue.concurrency >= 1_000_000  # the seeded in-flight items do not hold it back
+    assert ItemEvent.objects.filter(actor="bench", transition="requeued",
+                                    queue_id=queue.pk).count() == 2 * 60
+
+
+@pytest.mark.django_db
+def test_bench_selector_refuses_a_queue_that_was_not_seeded():
+    with pytest.raises(CommandError, match="seed it first"):
+        call_command("bench", "selector", "--queue", "nope", "--rounds", "1")
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_bench_throughput_runs_items_through_real_worker_clusters(tmp_path, monkeypatch):

@@ -112,3 +112,62 @@ def test_the_overview_sorts_the_busiest_or_most_troubled_queue_first(role_client
     assert keys == ["b-broken", "c-some", "a-quiet"]
     assert [s.queue.key for s in client.get("/").context["summaries"]] == [
         "a-quiet", "b-broken", "c-some"]
+
+
+def test_wait_and_run_times_read_each_queues_latest_finished_items_in_the_last_hour():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queues.models import Item
+    from queues.web import queries
+
+    now = timezone.now()
+    emails, reports, idle = (QueueFactory(key=k) for k in ("emails", "reports", "idle"))
+    done = items_in_status(emails, "complete", 3) + items_in_status(emails, "failed", 1)
+    for n, item in enumerate(done):  # waited n + 1 s, ran 10 * (n + 1) s
+        started = now - timedelta(minutes=5)
+        Item.objects.filter(pk=item.pk).update(
+            run_at=started - timedelta(seconds=n + 1), started_at=started,
+            finished_at=started + timedelta(seconds=10 * (n + 1)))
+    old = items_in_status(emails, "complete", 1)[0]  # finished before the last hour
+    Item.objects.filter(pk=old.pk).update(started_at=now - timedelta(hours=3),
+                                          finished_at=now - timedelta(hours=2))
+    items_in_status(emails, "cancelled", 1)  # never started: no wait or run time
+    items_in_status(reports, "complete", 1)
+    timings = queries._timings([emails.pk, reports.pk, idle.pk], now)
+    assert set(timings) == {emails.pk, reports.pk}
+    wait, run = timings[emails.pk]
+    assert wait == (2.0, 3.0)  # of 1, 2, 3, 4 s (the old item's 1 h wait left out)
+    assert run == (20.0, 30.0)
+
+
+def test_wait_and_run_times_sample_at_most_the_newest_items_of_a_queue(monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queues.models import Item
+    from queues.web import queries
+
+    monkeypatch.setattr(queries, "TIMING_SAMPLE", 2)
+    now = timezone.now()
+    queue = QueueFactory(key="emails")
+    for n, item in enumerate(items_in_status(queue, "complete", 4)):  # newest ran longest
+        finished = now - timedelta(minutes=10 - n)
+        Item.objects.filter(pk=item.pk).update(
+            run_at=finished - timedelta(seconds=100), started_at=finished - timedelta(
+                seconds=n + 1), finished_at=finished)
+    _, run = queries._timings([queue.pk], now)[queue.pk]
+    assert run == (3.0, 3.0)  # the two newest: 3 and 4 s; p50 of two is the lower
+
+
+def test_the_per_minute_chart_draws_a_bar_per_busy_minute_and_escapes_the_label():
+    from queues.templatetags.queueadmin import outcome_chart
+
+    svg = str(outcome_chart([0, 4, 2], [0, 0, 1], "<q>"))
+    assert svg.count("<rect") == 3
+    assert '<rect class="ok" x="3" y="0.0" width="2" height="20.0"/>' in svg
+    assert '<rect class="ok" x="6" y="10.0" width="2" height="10.0"/>' in svg
+    assert '<rect class="bad" x="6" y="20.0" width="2" height="5.0"/>' in svg
+    assert "<q>" not in svg and "&lt;q&gt;: 6 completed and 1 failed" in svg

@@ -125,24 +125,32 @@ def _outcomes_per_minute(ids: list[int], now: datetime):
 
 def _timings(ids: list[int], now: datetime) -> dict[int, tuple]:
     """Wait (ready to started) and run time percentiles of each queue's latest finished items,
-    in one statement: a short index-ordered scan per queue, merged with UNION ALL."""
-    parts, params = [], []
-    for queue_id in ids:
-        query = (Item.objects.filter(queue_id=queue_id, status__in=(Status.COMPLETE, Status.FAILED),
-                                     finished_at__gte=now - timedelta(hours=1),
-                                     started_at__isnull=False)
-                 .order_by("-finished_at")
-                 .only("id", "queue_id", "run_at", "started_at", "finished_at")[:TIMING_SAMPLE])
-        sql, part_params = query.query.sql_with_params()
-        parts.append(f"SELECT * FROM ({sql}) AS t{len(parts)}")
-        params += part_params
+    in one statement of one short index-ordered scan per queue. The SQL is written once, not
+    compiled by the ORM per queue: at 100 queues, building and planning a UNION ALL of 100
+    ORM querysets cost more than running it."""
+    part = (f"SELECT queue_id, run_at, started_at, finished_at FROM {Item._meta.db_table} "
+            f"WHERE queue_id = {{queue}} AND status IN ('complete', 'failed') "
+            f"AND finished_at >= %s AND started_at IS NOT NULL "
+            f"ORDER BY finished_at DESC LIMIT {TIMING_SAMPLE}")
+    since = to_db_datetime(now - timedelta(hours=1))
+    if is_postgres():
+        # One plan whatever the number of queues; LATERAL runs the scan once per queue.
+        sql = (f"SELECT t.* FROM unnest(%s::bigint[]) AS q(id) "
+               f"CROSS JOIN LATERAL ({part.format(queue='q.id')}) AS t")
+        params = [list(ids), since]
+    else:
+        sql = " UNION ALL ".join([f"SELECT * FROM ({part.format(queue='%s')})"] * len(ids))
+        params = [p for queue_id in ids for p in (queue_id, since)]
     samples = defaultdict(list)
-    for item in Item.objects.raw(" UNION ALL ".join(parts), params):
-        samples[item.queue_id].append(item)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for queue_id, run_at, started, finished in cursor.fetchall():
+            samples[queue_id].append((from_db_datetime(run_at), from_db_datetime(started),
+                                      from_db_datetime(finished)))
     timings = {}
-    for queue_id, items in samples.items():
-        waits = [max(0.0, (i.started_at - i.run_at).total_seconds()) for i in items]
-        runs = [(i.finished_at - i.started_at).total_seconds() for i in items]
+    for queue_id, rows in samples.items():
+        waits = [max(0.0, (started - run_at).total_seconds()) for run_at, started, _ in rows]
+        runs = [(finished - started).total_seconds() for _, started, finished in rows]
         timings[queue_id] = (_p50_p95(waits), _p50_p95(runs))
     return timings
 

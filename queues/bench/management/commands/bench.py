@@ -27,7 +27,11 @@ class Command(BaseCommand):
         select = scenarios.add_parser(
             "selector", help="Round latency and fairness (against the seed's algorithm).")
         select.add_argument("--dataset", action="append", choices=list(bench.SELECTOR_DATASETS),
-                            help="repeat to pick several (default: all)")
+                            help="repeat to pick several (default: all, unless --queue)")
+        select.add_argument("--queue", action="append", default=[],
+                            help="time an already seeded queue instead (repeatable), e.g. "
+                                 "bench-0 after bench seed --items 10000000; sets its batch "
+                                 "to 60 and lifts its concurrency and rate limits")
         select.add_argument("--rounds", type=int, default=200)
         select.add_argument("--fairness-rounds", type=int, default=500)
         planner = scenarios.add_parser(
@@ -112,10 +116,14 @@ class Command(BaseCommand):
             # DEBUG records every query in memory and formats its SQL: figures would be wrong.
             self.stderr.write("warning: DEBUG is on; run benchmarks with DEBUG=false")
         if scenario == "selector":
-            report = bench.run_selector(
-                datasets=options["dataset"] or list(bench.SELECTOR_DATASETS),
-                rounds=options["rounds"], fairness_rounds=options["fairness_rounds"],
-                log=self.stdout.write)
+            datasets = options["dataset"] or ([] if options["queue"]
+                                              else list(bench.SELECTOR_DATASETS))
+            try:
+                report = bench.run_selector(
+                    datasets=datasets, queues=options["queue"], rounds=options["rounds"],
+                    fairness_rounds=options["fairness_rounds"], log=self.stdout.write)
+            except ValueError as exc:
+                raise CommandError(str(exc)) from exc
         elif scenario == "planner":
             accounts = options["accounts"] or list(bench.PLANNER_ACCOUNTS)
             if min(accounts) < 1 or options["batch"] < 1 or options["runs"] < 1:
