@@ -1,7 +1,8 @@
 """`manage.py bench migrations`: how long the newest migrations take on this database (run it
 on the 10M-item one): each is unapplied, newest first, then applied again one at a time, as an
 upgrade applies it. A migration that rewrote a big table or scanned it under a lock would show
-here as seconds or minutes."""
+here as seconds or minutes. Unapplying a migration that created a table drops the table with
+its rows: run this on a copy of a production database, never on the database itself."""
 
 import time
 

@@ -78,11 +78,16 @@ def create_default_rules(sender, instance: Queue, created: bool, raw: bool = Fal
             ignore_conflicts=True)
 
 
-def ensure_installation_rules(**kwargs):
-    """post_migrate: the installation-wide rules exist (an edited one is kept as it is)."""
+def ensure_installation_rules(apps=None, **kwargs):
+    """post_migrate: the installation-wide rules exist (an edited one is kept as it is). Read
+    through the migrated state's models: after a rollback to before the rules existed (migrate
+    queues 0019) there is no table, and nothing to do."""
+    try:
+        rules = apps.get_model("queues", "AlertRule") if apps is not None else AlertRule
+    except LookupError:
+        return
     for kind, threshold in INSTALLATION_RULES.items():
-        AlertRule.objects.get_or_create(queue=None, kind=kind,
-                                        defaults={"threshold": threshold})
+        rules.objects.get_or_create(queue=None, kind=kind, defaults={"threshold": threshold})
 
 
 def update_rule(rule: AlertRule, *, actor, **fields) -> list[str]:
