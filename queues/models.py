@@ -756,6 +756,45 @@ class MetricHour(MetricPeriod):
         indexes = [models.Index(fields=["start"], name="metrichour_start_idx")]
 
 
+class InstallationPeriod(models.Model):
+    """Every queue's whole-queue MetricPeriod rows of one period summed (depth too: the queues'
+    samples of that period added up), written by the same rollup. A chart of every queue reads
+    one row per period whatever the number of queues: summing 100 queues' rows for 24 hours
+    read 144,000 wide rows, 165 ms at 10 million items."""
+
+    id = models.BigAutoField(primary_key=True)
+    start = models.DateTimeField(unique=True)
+    completed = models.IntegerField(default=0, db_default=0)
+    failed = models.IntegerField(default=0, db_default=0)
+    retried = models.IntegerField(default=0, db_default=0)
+    enqueued = models.IntegerField(default=0, db_default=0)
+    depth_queued = models.IntegerField(null=True, blank=True)
+    depth_retry = models.IntegerField(null=True, blank=True)
+    depth_dispatched = models.IntegerField(null=True, blank=True)
+    depth_running = models.IntegerField(null=True, blank=True)
+    depth_failed = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self):
+        return f"every queue at {self.start:%Y-%m-%d %H:%M}"
+
+
+for _kind in HISTOGRAM_KINDS:
+    for _bucket in range(HISTOGRAM_BUCKETS):
+        InstallationPeriod.add_to_class(histogram_column(_kind, _bucket),
+                                        models.IntegerField(default=0, db_default=0))
+
+
+class InstallationMinute(InstallationPeriod):
+    """Kept for 48 hours, as the queues' minutes."""
+
+
+class InstallationHour(InstallationPeriod):
+    """Kept for 30 days, as the queues' hours."""
+
+
 OTHER_ERROR_GROUP = "other"  # the key of a period's failures outside its largest groups
 
 

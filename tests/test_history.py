@@ -15,6 +15,8 @@ from queues.models import (
     HISTOGRAM_BOUNDS,
     ErrorGroupHour,
     HistoryRun,
+    InstallationHour,
+    InstallationMinute,
     Item,
     ItemEvent,
     MetricHour,
@@ -167,6 +169,8 @@ def test_pruning_keeps_48_hours_of_minutes_and_30_days_of_hours(queue):
         MetricMinute.objects.create(queue=queue, start=start)
     for start in (now - timedelta(days=31), now - timedelta(days=29)):
         MetricHour.objects.create(queue=queue, start=start)
+        InstallationHour.objects.create(start=start)
+    InstallationMinute.objects.create(start=now - timedelta(hours=49))
     HistoryRun.objects.create(started_at=now - timedelta(days=3), finished_at=now,
                               rolled_to=now, last_event_id=0)
 
@@ -175,7 +179,9 @@ def test_pruning_keeps_48_hours_of_minutes_and_30_days_of_hours(queue):
     assert list(MetricMinute.objects.values_list("start", flat=True)) == [
         now - timedelta(hours=47)]
     assert list(MetricHour.objects.values_list("start", flat=True)) == [now - timedelta(days=29)]
-    assert not HistoryRun.objects.exists()
+    assert list(InstallationHour.objects.values_list("start", flat=True)) == [
+        now - timedelta(days=29)]
+    assert not HistoryRun.objects.exists() and not InstallationMinute.objects.exists()
     assert pruned["metric minutes pruned"] == pruned["metric hours pruned"] == 1
 
 
@@ -221,6 +227,34 @@ def test_series_sums_the_queues_per_step_and_says_where_nothing_was_kept(queue):
     assert steps == [{"completed": 9, "depth_queued": 30}, None, None]
 
 
+def test_a_run_sums_every_queue_into_the_installations_rows_that_charts_of_every_queue_read(
+        queue):
+    other = QueueFactory(key="reports")
+    now = timezone.now()
+    history.run(now - timedelta(minutes=5))
+    minute = now.replace(second=0, microsecond=0) - timedelta(minutes=2)
+    place(items_in_status(queue, "complete", 2), minute, wait=1.0)
+    place(items_in_status(other, "complete", 3, account="b"), minute, wait=30.0)
+    place(items_in_status(other, "failed", 1), minute)
+
+    counts = history.run(now)
+
+    total = InstallationMinute.objects.get(start=minute)
+    assert (total.completed, total.failed, total.enqueued) == (5, 1, 6)
+    assert buckets(total, "wait") == {history.bucket_of(1.0): 2, history.bucket_of(30.0): 3,
+                                      history.bucket_of(5.0): 1}
+    last = now.replace(second=0, microsecond=0) - timedelta(minutes=1)
+    assert InstallationMinute.objects.get(start=last).depth_failed == 1  # the samples summed
+    assert InstallationHour.objects.get(start=minute.replace(minute=0)).completed == 5
+    assert counts["installation periods rewritten"] >= 3
+    columns = ["completed", "failed", "depth_failed"]
+    start, step = last - timedelta(minutes=14), timedelta(minutes=5)
+    assert history.series(None, start, last + timedelta(minutes=1), step, columns) == \
+        history.series([queue.pk, other.pk], start, last + timedelta(minutes=1), step, columns)
+    assert history.series(None, minute.replace(minute=0), minute.replace(minute=0) + timedelta(
+        hours=1), timedelta(hours=1), ["completed"]) == [{"completed": 5}]
+
+
 def test_top_accounts_are_read_from_the_account_rows(queue):
     for account, completed in (("a", 5), ("b", 9), ("c", 1)):
         MetricHour.objects.create(queue=queue, account=account, start=T, completed=completed)
@@ -246,6 +280,8 @@ def test_bench_seed_writes_30_days_of_history_that_agrees_with_its_events():
     assert MetricMinute.objects.filter(queue=queue, account="").exists()
     completed = ItemEvent.objects.filter(queue=queue, to_status=Status.COMPLETE, at__gte=oldest)
     assert hours.aggregate(n=Sum("completed"))["n"] == completed.count()
+    assert InstallationHour.objects.filter(start__gte=oldest).aggregate(
+        n=Sum("completed"))["n"] == completed.count()
     per_hour = (MetricHour.objects.filter(queue=queue).exclude(account="").values("start")
                 .annotate(n=Count("id")).values_list("n", flat=True))
     assert per_hour and max(per_hour) <= history.TOP_ACCOUNTS

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from queues.engine import history
-from queues.models import MetricHour, MetricMinute, histogram_column
+from queues.models import InstallationMinute, MetricHour, MetricMinute, histogram_column
 from queues.web import charts
 from queues.web.middleware import SESSION_KEY
 from tests.factories import QueueFactory
@@ -34,13 +34,17 @@ def last_minutes(n: int):
 
 
 def fill_last_hour(queue, **values):
-    for i, minute in enumerate(last_minutes(60)):
+    """An hour of the queue's minutes, and the installation's rows summed from them as the
+    rollup writes them (the charts of every queue read those)."""
+    minutes = last_minutes(60)
+    for i, minute in enumerate(minutes):
         MetricMinute.objects.create(queue=queue, start=minute, completed=10 + i, enqueued=12,
                                     failed=i % 3, retried=1, depth_queued=100 + i, depth_retry=5,
                                     depth_dispatched=2, depth_running=3, depth_failed=7,
                                     **{histogram_column("wait", history.bucket_of(2.0)): 9,
                                        histogram_column("run", history.bucket_of(0.05)): 9},
                                     **values)
+    history.roll_up_installation(InstallationMinute, minutes[-1], minutes[0] + timedelta(minutes=1))
 
 
 def fragment(client, name: str, query: str = "", key: str | None = "emails"):

@@ -35,6 +35,8 @@ from queues.models import (
     ErrorGroupHour,
     ErrorGroupMinute,
     HistoryRun,
+    InstallationHour,
+    InstallationMinute,
     Item,
     ItemEvent,
     MetricHour,
@@ -92,6 +94,9 @@ def run(now: datetime | None = None) -> dict[str, int] | None:
             hours = _floor(start, HOUR), _ceil(end, HOUR)
             changed["hours rewritten"] = roll_up_hours(*hours)
             changed["error group hours rewritten"] = roll_up_error_hours(*hours)
+            changed["installation periods rewritten"] = (
+                roll_up_installation(InstallationMinute, start, end)
+                + roll_up_installation(InstallationHour, *hours))
         changed.update(prune(now))
         counts = {action: n for action, n in changed.items() if n}
         HistoryRun.objects.create(started_at=now, finished_at=timezone.now(), rolled_to=end,
@@ -157,6 +162,9 @@ def backfill(queue_ids: list[int], now: datetime | None = None) -> dict[str, int
     changed["hours rewritten"] += roll_up_hours(split, _ceil(end, HOUR), queue_ids)
     changed["error group hours rewritten"] += roll_up_error_hours(split, _ceil(end, HOUR),
                                                                   queue_ids)
+    changed["installation periods rewritten"] = (
+        roll_up_installation(InstallationMinute, split, end)
+        + roll_up_installation(InstallationHour, oldest, _ceil(end, HOUR)))
     counts = dict(changed)
     HistoryRun.objects.create(started_at=now, finished_at=timezone.now(), rolled_to=end,
                               last_event_id=mark, counts=counts)
@@ -256,6 +264,23 @@ def roll_up_hours(start: datetime, end: datetime, queue_ids: Iterable[int] | Non
         return cursor.rowcount
 
 
+def roll_up_installation(model, start: datetime, end: datetime) -> int:
+    """Rewrites `model`'s periods (InstallationMinute or InstallationHour) in [start, end) as
+    the sums of every queue's whole-queue rows of the same periods (MetricMinute or
+    MetricHour), which must be rolled up first. Returns the rows written."""
+    table = model._meta.db_table
+    source = (MetricMinute if model is InstallationMinute else MetricHour)._meta.db_table
+    where, params = _range(start, end, None)
+    columns = ", ".join(SUMMED + DEPTHS)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table} WHERE {where}", params)
+        cursor.execute(
+            f"INSERT INTO {table} (start, {columns}) SELECT start, "
+            f"{', '.join(f'SUM({c})' for c in SUMMED + DEPTHS)} FROM {source} "
+            f"WHERE {where} AND account = '' GROUP BY start", params)
+        return cursor.rowcount
+
+
 def roll_up_errors(model, start: datetime, end: datetime, after_event_id: int = 0,
                    queue_ids: Iterable[int] | None = None) -> int:
     """Rewrites `model`'s periods (ErrorGroupMinute or ErrorGroupHour) in [start, end) from the
@@ -342,6 +367,7 @@ def prune(now: datetime) -> Counter:
     minutes, hours = _floor(now - MINUTE_RETENTION, HOUR), _floor(now - HOUR_RETENTION, HOUR)
     for model, field, before in (
             (MetricMinute, "start", minutes), (MetricHour, "start", hours),
+            (InstallationMinute, "start", minutes), (InstallationHour, "start", hours),
             (ErrorGroupMinute, "start", minutes), (ErrorGroupHour, "start", hours),
             (HistoryRun, "started_at", now - RUN_RETENTION)):
         deleted, _ = model.objects.filter(**{f"{field}__lt": before}).delete()
@@ -351,25 +377,34 @@ def prune(now: datetime) -> Counter:
 
 # --- reading -----------------------------------------------------------------------------------
 
-def series(queue_ids: Sequence[int], start: datetime, end: datetime, step: timedelta,
+def series(queue_ids: Sequence[int] | None, start: datetime, end: datetime, step: timedelta,
            columns: Sequence[str]) -> list[dict[str, int] | None]:
     """The queues' `columns` per step from `start` to `end`, summed over the queues (a depth:
-    each queue's highest sample in the step, summed); None for a step without any row (the
-    rollup was not running). Minutes for steps under an hour, hours from an hour on."""
-    model = MetricMinute if step < HOUR else MetricHour
+    each queue's highest sample in the step, summed), or with `queue_ids` None every queue's
+    (the installation's rows: a depth is the highest of its summed samples in the step); None
+    for a step without any row (the rollup was not running). Minutes for steps under an hour,
+    hours from an hour on."""
     slots = int((end - start) / step)
-    if not queue_ids or not slots:
+    if queue_ids is not None and not queue_ids or not slots:
         return [None] * slots
     slot = _slot_sql(start, step)
     inner = ", ".join(f"{'MAX' if c in DEPTHS else 'SUM'}({c}) AS {c}" for c in columns)
-    outer = ", ".join(f"SUM({c})" for c in columns)
-    sql = (f"SELECT slot, {outer} FROM (SELECT queue_id, {slot} AS slot, {inner} "
-           f"FROM {model._meta.db_table} WHERE queue_id IN ({placeholders(len(queue_ids))}) "
-           f"AND account = '' AND start >= %s AND start < %s GROUP BY queue_id, {slot}) "
-           f"AS per_queue GROUP BY slot")
+    if queue_ids is None:
+        model = InstallationMinute if step < HOUR else InstallationHour
+        sql = (f"SELECT {slot} AS slot, {inner} FROM {model._meta.db_table} "
+               f"WHERE start >= %s AND start < %s GROUP BY {slot}")
+        params = [to_db_datetime(start), to_db_datetime(end)]
+    else:
+        model = MetricMinute if step < HOUR else MetricHour
+        outer = ", ".join(f"SUM({c})" for c in columns)
+        sql = (f"SELECT slot, {outer} FROM (SELECT queue_id, {slot} AS slot, {inner} "
+               f"FROM {model._meta.db_table} WHERE queue_id IN "
+               f"({placeholders(len(queue_ids))}) AND account = '' AND start >= %s "
+               f"AND start < %s GROUP BY queue_id, {slot}) AS per_queue GROUP BY slot")
+        params = [*queue_ids, to_db_datetime(start), to_db_datetime(end)]
     found: list[dict[str, int] | None] = [None] * slots
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*queue_ids, to_db_datetime(start), to_db_datetime(end)])
+        cursor.execute(sql, params)
         for index, *values in cursor.fetchall():
             if 0 <= index < slots:
                 # PostgreSQL sums bigints into numerics.

@@ -302,13 +302,13 @@ def build(name: str, queue: Queue | None, range_: Range, now: datetime) -> Chart
     if name == "accounts":
         _draw_shares(chart, queue, start, end, labels)
     else:
-        ids = [queue.pk] if queue else list(Queue.objects.values_list("pk", flat=True))
-        _draw_measures(chart, SPECS[name], ids, start, end, labels)
+        # Every queue's chart reads the installation's rows, not a row per queue and step.
+        _draw_measures(chart, SPECS[name], [queue.pk] if queue else None, start, end, labels)
     return chart
 
 
-def _draw_measures(chart: Chart, spec: Spec, ids: list[int], start: datetime, end: datetime,
-                   labels: list[str]):
+def _draw_measures(chart: Chart, spec: Spec, ids: list[int] | None, start: datetime,
+                   end: datetime, labels: list[str]):
     totals = history.series(ids, start, end, chart.range.step, spec.columns)
     if all(step is None for step in totals):
         chart.empty = NO_HISTORY

@@ -1,7 +1,7 @@
 """Data for the charts' browser test: the usual seed (tests.browser.seed) and a day of minute
 rollups and a month of hours for the Emails queue and two of its accounts, shaped like a working
 day, and a week of hours of its two error groups, as queues.engine.history would have written
-them."""
+them, with the installation's rows summed from them."""
 
 import math
 from datetime import timedelta
@@ -10,7 +10,15 @@ from django.utils import timezone
 
 from queues.engine import history
 from queues.engine.errors import group_key, normalise_error
-from queues.models import ErrorGroupHour, MetricHour, MetricMinute, Queue, histogram_column
+from queues.models import (
+    ErrorGroupHour,
+    InstallationHour,
+    InstallationMinute,
+    MetricHour,
+    MetricMinute,
+    Queue,
+    histogram_column,
+)
 from tests.browser import seed as base
 
 
@@ -42,6 +50,11 @@ def seed():
     MetricHour.objects.bulk_create([
         MetricHour(queue=queue, start=hour - timedelta(hours=n), **{
             k: v * 60 for k, v in figures(n * 60).items()}) for n in range(30 * 24)])
+    # The installation's rows, which the charts of every queue read, as the rollup sums them.
+    history.roll_up_installation(InstallationMinute, newest - timedelta(days=1),
+                                 newest + timedelta(minutes=1))
+    history.roll_up_installation(InstallationHour, hour - timedelta(days=30),
+                                 hour + timedelta(hours=1))
     # The seed's retrying and failed items' errors (tests.factories.items_in_status).
     for error, scale in (("temporary trouble", 6), ("bad input", 1)):
         kind, message = normalise_error(error)
