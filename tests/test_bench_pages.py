@@ -17,7 +17,11 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     monkeypatch.setattr(queries, "PAGE_SIZE", 2)
     report = bench.run_pages(queue_key="bench-pages", requests=2, log=lambda _: None)
     names = [name for name, _, _ in report.figures]
-    assert len(names) == 4 + (11 + 9) * 3  # figures of the set-up, then of each page
+    # Figures of the set-up, the bulk preview's two, three of each page, the export's first byte.
+    assert len(names) == 4 + 2 + (15 + 9) * 3 + 1
+    assert "dead letters p95" in names and "/metrics (every queue) SQL queries" in names
+    assert "bulk preview (cancel queued, 30 d) p95" in names
+    assert "CSV export, first byte p95" in names
     assert "account ranking refresh (one queue) p50" in names
     assert "accounts by oldest wait, page 2 (keyset) p95" in names
     assert "50 pages deep (keyset) p95" in names and "errors view SQL queries" in names
@@ -26,3 +30,4 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     assert "chart: share of accounts, 30 d p95" in names
     assert "history backfill (one queue, 30 days of events)" in names
     assert all(value > 0 for _, value, _ in report.figures)
+    assert dict((n, v) for n, v, _ in report.figures)["bulk preview: items eligible"] == 120

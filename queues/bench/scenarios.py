@@ -465,8 +465,7 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
     Django's full request path (middleware, session, view, template; no network) by a signed-in
     Viewer. Reports p50/p95 per page and the SQL statements each page ran."""
     from django.contrib.auth.models import Group, User
-    from django.test import Client
-    from django.test.utils import CaptureQueriesContext
+    from django.test import Client, override_settings
 
     from queues.permissions import VIEWER
     from queues.web import queries
@@ -481,8 +480,9 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
     for _ in range(49):  # the cursor of page 50, walked as a person clicking "Older" would
         data["cursor"] = queries.parse_cursor(queries.item_page(queue, data, now).next_cursor)
     deep = f"{queries._micros(data['cursor'][0])}-{data['cursor'][1]}"
-    failed = (Item.objects.filter(queue=queue, status="failed").order_by("-created_at", "-id")
-              .values_list("pk", flat=True).first())
+    failed, failed_identifier = (
+        Item.objects.filter(queue=queue, status="failed").order_by("-created_at", "-id")
+        .values_list("pk", "identifier").first())
     order = (Item.objects.filter(queue=queue, status="failed").order_by("-created_at", "-id")
              .values_list("payload__order", flat=True).first())
     # The sweeper's account ranking, which the sorted accounts views read: once per sweep.
@@ -518,6 +518,10 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
         "accounts view": f"{base}accounts/",
         "accounts by backlog": f"{base}accounts/?sort=backlog",
         "accounts by oldest wait, page 2 (keyset)": f"{base}accounts/?{by_wait}",
+        "dead letters": "/dead-letters/",
+        "audit log": "/audit/",
+        "search by identifier (every queue)": f"/search/?q={failed_identifier}",
+        "/metrics (every queue)": "/metrics",
     }
     # The chart fragments the pages load (htmx), from the minutes (24 h) and the hours (7, 30 d).
     on_queue = f"{base}history/"
@@ -543,8 +547,20 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
     log(f"account ranking refresh: p50 {percentile(refreshes, 0.5):.1f} ms, {ranked:,} "
         "accounts")
     htmx = {"HTTP_HX_REQUEST": "true"}
-    for name, url, headers in ([(n, u, {}) for n, u in pages.items()]
-                               + [(n, u, htmx) for n, u in fragments.items()]):
+    _time_bulk_preview(report, queue, requests, log)
+    with override_settings(QUEUEADMIN={**settings.QUEUEADMIN, "METRICS_TOKEN": "bench-pages"}):
+        _time_pages(report, client, [(n, u, {"HTTP_AUTHORIZATION": "Bearer bench-pages"})
+                                     for n, u in pages.items()]
+                    + [(n, u, htmx) for n, u in fragments.items()], requests, log)
+        _time_first_byte(report, client, f"{base}export.csv", requests, log)
+    return report
+
+
+def _time_pages(report: Report, client, pages: list[tuple[str, str, dict]], requests: int,
+                log):
+    from django.test.utils import CaptureQueriesContext
+
+    for name, url, headers in pages:
         for _ in range(3):  # warm the caches and the connection
             assert client.get(url, **headers).status_code == 200, url
         timings = []
@@ -560,7 +576,40 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
         report.add(f"{name} SQL queries", len(queries), "queries")
         log(f"{name}: p50 {percentile(timings, 0.5):.1f} ms, "
             f"p95 {percentile(timings, 0.95):.1f} ms, {len(queries)} queries")
-    return report
+
+
+def _time_first_byte(report: Report, client, url: str, requests: int, log):
+    """The CSV export's first chunk (header and the first 1,000 rows): what an operator waits
+    for before the download starts; the rest streams."""
+    timings = []
+    for _ in range(requests):
+        started = time.perf_counter()
+        response = client.get(url)
+        next(iter(response.streaming_content))
+        timings.append((time.perf_counter() - started) * 1000)
+        # Not closed: closing a response ends the request, whose signal closes this thread's
+        # database connection; the generator of the unread rest is simply dropped.
+    report.add("CSV export, first byte p95", percentile(timings, 0.95), "ms")
+    log(f"CSV export first byte: p50 {percentile(timings, 0.5):.1f} ms, "
+        f"p95 {percentile(timings, 0.95):.1f} ms")
+
+
+def _time_bulk_preview(report: Report, queue: Queue, requests: int, log):
+    """The preview of a bulk cancel of every queued item of the last 30 days (the frozen
+    snapshot and its counts), as the bulk page asks for it."""
+    from queues.engine import bulk
+
+    now = timezone.now()
+    timings, eligible = [], 0
+    for _ in range(max(3, requests // 5)):
+        started = time.perf_counter()
+        preview = bulk.preview(bulk.BulkFilter.build(
+            queue, "cancel", ["queued"], now - timedelta(days=30), now))
+        timings.append((time.perf_counter() - started) * 1000)
+        eligible = preview.eligible
+    report.add("bulk preview (cancel queued, 30 d) p95", percentile(timings, 0.95), "ms")
+    report.add("bulk preview: items eligible", eligible, "items")
+    log(f"bulk preview of {eligible:,} items: p95 {percentile(timings, 0.95):.1f} ms")
 
 
 # --- bulk --------------------------------------------------------------------------------------
