@@ -42,6 +42,7 @@ PLAN = json.loads(Path(os.environ["QUEUEADMIN_LOAD_PLAN"]).read_text())
 CSRF_FIELD = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 LOGIN_URL = "/accounts/login/"
 RECONNECT_SECONDS = 2.0  # the stream's `retry:` field
+SIGN_IN_TRIES = 10
 
 _numbers = itertools.count()
 _signed_in = 0
@@ -56,15 +57,12 @@ class Operator(HttpUser):
         self.number = next(_numbers)
         self.step = random.randrange(3)
         self.follower = None
-        form = self.client.get(LOGIN_URL, name="sign in: form")
-        token = CSRF_FIELD.search(form.text)
-        with self.client.post(LOGIN_URL, name="sign in: post", allow_redirects=False,
-                              catch_response=True, data={
-                                  "csrfmiddlewaretoken": token.group(1) if token else "",
-                                  "username": PLAN["usernames"][self.number],
-                                  "password": PLAN["password"]}) as response:
-            if response.status_code != 302:
-                response.failure(f"sign-in answered {response.status_code}")
+        for _ in range(SIGN_IN_TRIES):  # as a person would, again after a failed sign-in
+            if self.sign_in():
+                break
+            gevent.sleep(RECONNECT_SECONDS)
+        else:
+            raise RuntimeError(f"user {self.number} could not sign in")
         if self.number < PLAN["streams"]:
             self.page(f"/queues/{PLAN['queue']}/stream/", "stream page")
             self.follower = gevent.spawn(self.follow_stream)
@@ -74,6 +72,19 @@ class Operator(HttpUser):
             _streams.clear()
             Path(PLAN["ready_file"]).write_text(str(time.time()))
             gevent.spawn_later(PLAN["seconds"], self.environment.runner.quit)
+
+    def sign_in(self) -> bool:
+        form = self.client.get(LOGIN_URL, name="sign in: form")
+        token = CSRF_FIELD.search(form.text)
+        with self.client.post(LOGIN_URL, name="sign in: post", allow_redirects=False,
+                              catch_response=True, data={
+                                  "csrfmiddlewaretoken": token.group(1) if token else "",
+                                  "username": PLAN["usernames"][self.number],
+                                  "password": PLAN["password"]}) as response:
+            if response.status_code != 302:
+                response.failure(f"sign-in answered {response.status_code}")
+                return False
+        return True
 
     def on_stop(self):
         if self.follower is not None:
@@ -86,7 +97,8 @@ class Operator(HttpUser):
                              catch_response=True) as response:
             if response.status_code != 200:
                 response.failure(f"status {response.status_code}")
-            elif LOGIN_URL in response.url:
+            elif LOGIN_URL in response.url or LOGIN_URL in response.headers.get("HX-Redirect",
+                                                                                 ""):
                 response.failure("sent to the login page")
 
     @task

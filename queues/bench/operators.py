@@ -200,7 +200,7 @@ def _ended(queue: Queue, start, end) -> int:
 
 
 def run_operators(*, users: int, streams: int, seconds: float, items: int, clusters: int = 2,
-                  spawn_rate: float = 5, log=print) -> Report:
+                  spawn_rate: float = 2, log=print) -> Report:
     if connection.vendor != "postgresql":
         raise RuntimeError("bench operators needs PostgreSQL (the live stream listens to it)")
     report = Report("operators", {"users": users, "streams": streams, "seconds": seconds,
@@ -228,7 +228,7 @@ def run_operators(*, users: int, streams: int, seconds: float, items: int, clust
 
     port = processes.free_port()
     env = {"DEBUG": "false"}
-    web = processes.start_web(port, env=env)
+    web = processes.start_web(port, env=env, log=(scratch / "web.log").open("w"))
     running = [web]
     locust = sampler = None
     windows: dict[str, tuple] = {}

@@ -93,10 +93,10 @@ class Command(BaseCommand):
                                help="users that also hold the queue's live stream open")
         operators.add_argument("--seconds", type=float, default=120,
                                help="the users' window; each quiet window is half as long")
-        operators.add_argument("--items", type=int, default=200_000,
+        operators.add_argument("--items", type=int, default=300_000,
                                help="backlog: enough that the clusters stay busy to the end")
         operators.add_argument("--clusters", type=int, default=2)
-        operators.add_argument("--spawn-rate", type=float, default=5,
+        operators.add_argument("--spawn-rate", type=float, default=2,
                                help="users started per second (sign-ins, before the window)")
 
     def handle(self, *args, scenario, **options):
