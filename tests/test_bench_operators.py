@@ -21,8 +21,8 @@ def test_a_few_dashboard_users_while_two_clusters_work(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
     other = Queue.objects.create(key="other", name="Other")
     out = StringIO()
-    call_command("bench", "operators", "--users", "3", "--streams", "1", "--seconds", "16",
-                 "--items", "25000", "--spawn-rate", "3", stdout=out)
+    call_command("bench", "operators", "--users", "3", "--streams", "1", "--seconds", "12",
+                 "--items", "20000", "--spawn-rate", "3", stdout=out)
     report = json.loads((tmp_path / "operators.json").read_text())
     figures = {name: value for name, value, _ in report["figures"]}
     assert report["parameters"]["users"] == 3
