@@ -2,6 +2,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
+from queues.bench import operators as bench_operators
 from queues.bench import peers as bench_peers
 from queues.bench import retention as bench_retention
 from queues.bench import scenarios as bench
@@ -12,7 +13,8 @@ from queues.bench import workload as bench_workload
 
 class Command(BaseCommand):
     help = ("Measure QueueAdmin at scale. Scenarios: seed, enqueue, selector, planner, "
-            "throughput, workload, peers, bulk, api, stream, pages, retention, soak, migrations.")
+            "throughput, workload, peers, bulk, api, stream, pages, retention, soak, migrations, "
+            "operators.")
 
     def add_arguments(self, parser):
         scenarios = parser.add_subparsers(dest="scenario", required=True)
@@ -110,6 +112,20 @@ class Command(BaseCommand):
             "migrations", help="Time the newest migrations backwards and forwards on this "
                                "database (seed it first).")
         migrations.add_argument("--count", type=int, default=3, help="how many of the newest")
+        operators = scenarios.add_parser(
+            "operators", help="Dashboard users (locust) on uvicorn while 2 clusters work through "
+                              "a backlog: page p50/p95, errors, throughput with and without "
+                              "users, CPU per process (PostgreSQL).")
+        operators.add_argument("--users", type=int, default=50)
+        operators.add_argument("--streams", type=int, default=10,
+                               help="users that also hold the queue's live stream open")
+        operators.add_argument("--seconds", type=float, default=120,
+                               help="the users' window; each quiet window is half as long")
+        operators.add_argument("--items", type=int, default=300_000,
+                               help="backlog: enough that the clusters stay busy to the end")
+        operators.add_argument("--clusters", type=int, default=2)
+        operators.add_argument("--spawn-rate", type=float, default=2,
+                               help="users started per second (sign-ins, before the window)")
 
     def handle(self, *args, scenario, **options):
         if settings.DEBUG:
@@ -173,6 +189,18 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from None
         elif options["items"] < 1:
             raise CommandError("--items must be at least 1")
+        elif scenario == "operators":
+            if connection.vendor != "postgresql":
+                raise CommandError("bench operators needs PostgreSQL: the live stream listens "
+                                   "to it")
+            if min(options["users"], options["clusters"]) < 1 or options["seconds"] <= 0 or \
+                    not 0 <= options["streams"] <= options["users"] or options["spawn_rate"] <= 0:
+                raise CommandError("--users and --clusters must be at least 1, --seconds and "
+                                   "--spawn-rate positive, --streams between 0 and --users")
+            report = bench_operators.run_operators(
+                users=options["users"], streams=options["streams"], seconds=options["seconds"],
+                items=options["items"], clusters=options["clusters"],
+                spawn_rate=options["spawn_rate"], log=self.stdout.write)
         elif scenario == "bulk":
             report = bench.run_bulk(items=options["items"],
                                     selector_rounds=options["selector_rounds"],
