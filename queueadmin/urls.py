@@ -7,3 +7,6 @@ urlpatterns = [
     path("django-admin/", admin.site.urls),
     path("", include("queues.urls")),
 ]
+
+# The database out of reach (or its pool exhausted) is a 503 the browser may retry, not a 500.
+handler500 = "queues.web.unavailable.server_error"
