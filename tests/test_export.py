@@ -69,3 +69,23 @@ def test_a_bad_filter_answers_400(role_client, queue):
 
 def test_export_needs_a_login(client, queue):
     assert client.get("/queues/emails/export.csv").status_code == 302
+
+
+def test_a_download_under_asgi_streams_an_asynchronous_iterator_block_by_block():
+    """Django reads a synchronous iterator whole before sending a byte under ASGI: a
+    1,000,000-row export held 290 MB in the web process (bench soak)."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncRequestFactory, RequestFactory
+
+    rows = [f"row {n},{'x' * 40}\n" for n in range(20_000)]
+    response = export.streaming(AsyncRequestFactory().get("/"), iter(rows),
+                                content_type="text/csv")
+    assert response.is_async
+
+    async def read():
+        return [part async for part in response.streaming_content]
+
+    blocks = async_to_sync(read)()
+    assert b"".join(blocks).decode() == "".join(rows)
+    assert 2 < len(blocks) < 20  # about 256 kB a block, not a row each nor one whole
+    assert not export.streaming(RequestFactory().get("/"), iter(rows)).is_async

@@ -5,13 +5,12 @@ queues.engine.audit.record; nothing here or in Django's admin site edits them.""
 import csv
 
 from django import forms
-from django.http import StreamingHttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from queues.models import AuditEntry
 from queues.permissions import render_page, viewer_required
-from queues.web.export import Echo, csv_cell
+from queues.web.export import Echo, csv_cell, streaming
 from queues.web.forms import DATETIME_LOCAL, check_range
 
 LIST_SIZE = 50
@@ -96,7 +95,7 @@ def audit_export(request):
     form = AuditFilterForm(request.GET)
     if not form.is_valid():
         return render_page(request, "queues/audit.html", {"form": form, "entries": []}, status=400)
-    response = StreamingHttpResponse(_rows(form.entries()), content_type="text/csv")
+    response = streaming(request, _rows(form.entries()), content_type="text/csv")
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.csv"'
     return response

@@ -3,8 +3,12 @@ short query, nothing held open while the client downloads) and bounded."""
 
 import csv
 import json
+from collections.abc import Iterable, Iterator
 
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Q
+from django.http import StreamingHttpResponse
 
 from queues.models import Item, Queue, Status
 from queues.web import queries
@@ -14,10 +18,38 @@ from queues.web.masking import mask_payload
 # chunks, so the web process's memory stays flat however many there are (bench soak).
 MAX_ROWS = 1_000_000
 CHUNK = 1000
+BLOCK_CHARACTERS = 256 * 1024  # what one hop to the request's thread reads under ASGI
 COLUMNS = ("id", "queue", "account", "identifier", "status", "priority", "attempts", "run_at",
            "last_error", "created_at", "updated_at", "finished_at", "payload")
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection).
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def streaming(request, parts: Iterable[str], **kwargs) -> StreamingHttpResponse:
+    """A download that streams in constant memory under ASGI as under WSGI. Under ASGI Django
+    reads a synchronous iterator whole before it sends a byte (a 1,000,000-row export held 290
+    MB in the web process); there it gets an asynchronous one that reads a block at a time in
+    the request's own thread, where the database connection is."""
+    if isinstance(request, ASGIRequest):
+        return StreamingHttpResponse(_blocks(iter(parts)), **kwargs)
+    return StreamingHttpResponse(parts, **kwargs)
+
+
+async def _blocks(parts: Iterator[str]):
+    read = sync_to_async(_next_block, thread_sensitive=True)
+    while block := await read(parts):
+        yield block
+
+
+def _next_block(parts: Iterator[str]) -> str:
+    """The next parts joined, up to about BLOCK_CHARACTERS; "" once there are none."""
+    block, size = [], 0
+    for part in parts:
+        block.append(part)
+        size += len(part)
+        if size >= BLOCK_CHARACTERS:
+            break
+    return "".join(block)
 
 
 def csv_cell(value) -> str:

@@ -3,7 +3,7 @@ and one template renders the page or, for htmx requests, just the fragment that 
 
 from django.contrib import messages
 from django.db import transaction
-from django.http import Http404, StreamingHttpResponse
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -264,11 +264,12 @@ def queue_export(request, key, fmt):
             "queue": queue, "form": form, "page": None, "now": timezone.now()}, status=400)
     masked = not can_operate(request.user)
     if fmt == "csv":
-        response = StreamingHttpResponse(
-            export.csv_rows(queue, form.cleaned_data, masked=masked), content_type="text/csv")
+        response = export.streaming(
+            request, export.csv_rows(queue, form.cleaned_data, masked=masked),
+            content_type="text/csv")
     else:
-        response = StreamingHttpResponse(
-            export.json_chunks(queue, form.cleaned_data, masked=masked),
+        response = export.streaming(
+            request, export.json_chunks(queue, form.cleaned_data, masked=masked),
             content_type="application/json")
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="{queue.key}-items-{stamp}.{fmt}"'

@@ -1,12 +1,12 @@
 """One tenant's data, for Admins: what there is on every queue, all of it as a download, and
 its erasure (queues.engine.accounts does the work and writes the audit entries)."""
 
-from django.http import StreamingHttpResponse
 from django.utils.text import slugify
 from django.views.decorators.http import require_GET, require_POST
 
 from queues.engine import accounts, audit
 from queues.permissions import admin_required, render_page
+from queues.web.export import streaming
 from queues.web.forms import AccountForm
 
 
@@ -27,8 +27,8 @@ def tenant_export(request):
         return render_page(request, "queues/tenant.html", {"form": form}, status=400)
     account = form.cleaned_data["account"]
     audit.record(request.user, "account.export", target=f"account {account}")
-    response = StreamingHttpResponse(accounts.export_lines(account),
-                                     content_type="application/x-ndjson")
+    response = streaming(request, accounts.export_lines(account),
+                         content_type="application/x-ndjson")
     name = slugify(account)[:60] or "account"
     response["Content-Disposition"] = f'attachment; filename="{name}.jsonl"'
     return response
