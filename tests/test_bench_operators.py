@@ -7,6 +7,7 @@ import json
 from io import StringIO
 
 import pytest
+from django.contrib.auth.models import Group
 from django.core.management import call_command
 
 from queues.bench import scenarios as bench
@@ -19,6 +20,7 @@ from queues.models import Queue
 @pytest.mark.django_db(transaction=True)
 def test_a_few_dashboard_users_while_two_clusters_work(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    Group.objects.get_or_create(name="Viewer")  # transactional tests flush the migration's
     other = Queue.objects.create(key="other", name="Other")
     out = StringIO()
     call_command("bench", "operators", "--users", "3", "--streams", "1", "--seconds", "12",

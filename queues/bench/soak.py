@@ -11,6 +11,7 @@ the workers, which django-q2 replaces after each task timeout). Growth is judged
 10 (imports, caches and connection pools are warm by then) to the end.
 """
 
+import csv
 import math
 import random
 import threading
@@ -214,7 +215,9 @@ def _export_peak(session, base: str, web, queue: Queue) -> dict:
     with session.get(f"{base}/queues/{queue.key}/export.csv", stream=True,
                      timeout=600) as response:
         response.raise_for_status()
-        rows = sum(1 for _ in response.iter_lines())
+        # Records, not lines: an error or a payload may hold a newline inside its quoted cell.
+        records = csv.reader(response.iter_lines(decode_unicode=True))
+        rows = sum(1 for record in records if record and not record[0].startswith("# "))
     done.set()
     watcher.join()
     return {"rows": max(0, rows - 1), "seconds": time.perf_counter() - started,
