@@ -59,7 +59,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _signed_in_session(base: str):
+def _signed_in_session():
     import requests
     from django.contrib.auth.models import Group, User
     from django.test import Client
@@ -93,7 +93,7 @@ def run_soak(*, minutes: float, export_queue: str, log=print) -> Report:
     pages_ms: list[float] = []
     errors: list[str] = []
     try:
-        session = _signed_in_session(base)
+        session = _signed_in_session()
         threads = [threading.Thread(target=_trickle, args=(queue, stop), daemon=True),
                    threading.Thread(target=_browse, args=(session, base, exported, stop,
                                                           pages_ms, errors), daemon=True)]

@@ -385,7 +385,7 @@ def series(queue_ids: Sequence[int] | None, start: datetime, end: datetime, step
     for a step without any row (the rollup was not running). Minutes for steps under an hour,
     hours from an hour on."""
     slots = int((end - start) / step)
-    if queue_ids is not None and not queue_ids or not slots:
+    if not slots or (queue_ids is not None and not queue_ids):
         return [None] * slots
     slot = _slot_sql(start, step)
     inner = ", ".join(f"{'MAX' if c in DEPTHS else 'SUM'}({c}) AS {c}" for c in columns)
