@@ -334,6 +334,29 @@ def test_a_batch_with_idle_threads_takes_over_items_whose_batch_waits_for_a_work
     assert run_batch(queue.pk, waiting) == {"stale": 1}  # when a worker finally runs it
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_outcome_and_the_item_taken_into_its_slot_commit_together(gate):
+    queue = QueueFactory(handler="test-gated", batch_size=2, concurrency=2)
+    batch = dispatched_batch(queue, ["gate-1", "quick-0"])
+    enqueue_many(queue.key, [{"account": "acme", "identifier": "quick-1"}])
+    thread, outcome = run_in_thread(queue, batch)
+    try:
+        assert processes.wait_for(lambda: status_of("quick-1") == Status.COMPLETE, 5)
+    finally:
+        gate.set()
+        thread.join(10)
+    # Rows written by one transaction share its id (xmin): the slot was never seen free.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.identifier, e.transition, e.xmin::text FROM queues_itemevent e "
+            "JOIN queues_item i ON i.id = e.item_id WHERE i.identifier LIKE 'quick-%%'")
+        written_by = {(identifier, event): xid for identifier, event, xid in cursor.fetchall()}
+    assert (written_by["quick-0", "completed"] == written_by["quick-1", "dispatched"]
+            == written_by["quick-1", "started"])
+    assert outcome == {"complete": 3, "taken while running": 1}
+
+
 def test_a_top_up_that_met_another_round_of_its_queue_asks_again_soon(monkeypatch):
     queue = QueueFactory(batch_size=2)
     batch = dispatched_batch(queue, ["a", "b"])

@@ -28,7 +28,7 @@ from queues.engine.db import (
     typed,
 )
 from queues.engine.handlers import TASK_HANDLER
-from queues.engine.stream import notify_events_written
+from queues.engine.stream import CHANNEL, notify_events_written
 from queues.models import (
     FINISHED_STATUSES,
     LIVE_STATUSES,
@@ -159,6 +159,7 @@ class Changed:
     attempts: int
     started_at: datetime | None
     token: int = 0  # the dispatch token, which a worker needs to claim a dispatched item
+    extra: tuple = ()  # columns a caller asked for beside these (see start_claimed)
 
 
 @dataclass
@@ -464,19 +465,24 @@ def apply(
 
 
 def apply_selected(action: str, selection_sql: str, selection_params: list, *,
-                   actor: str) -> list[Changed]:
+                   actor: str, claim_for: str = "") -> list[Changed]:
     """Move the items a SELECT of ids finds, such as the selector's claim. On PostgreSQL the
     SELECT, the UPDATE, its events and its counter deltas are one statement: the ids never
-    travel to Python and back."""
+    travel to Python and back. A dispatch `claim_for` a cluster (a running batch's top-up) is
+    claimed for it as it is dispatched (see `claim`)."""
     transition_ = TRANSITIONS[action]
     if not _records_in_sql(transition_, {}):
-        with connection.cursor() as cursor:
-            cursor.execute(selection_sql, selection_params)
-            ids = [row[0] for row in cursor.fetchall()]
-        return apply(action, ids, actor=actor).changed
+        with transaction.atomic(savepoint=False):
+            with connection.cursor() as cursor:
+                cursor.execute(selection_sql, selection_params)
+                ids = [row[0] for row in cursor.fetchall()]
+            changed = apply(action, ids, actor=actor).changed
+            if changed and claim_for:
+                claim([[row.id, row.attempts, row.token] for row in changed], claim_for)
+            return changed
     with transaction.atomic(savepoint=False):
         return _update_recorded(transition_, f"id IN ({selection_sql})", selection_params,
-                                [], timezone.now(), actor, "", None, None)
+                                [], timezone.now(), actor, "", None, None, claim_for=claim_for)
 
 
 def transition(item_id: int, action: str, *, actor: str, reason: str = "",
@@ -491,7 +497,7 @@ def transition(item_id: int, action: str, *, actor: str, reason: str = "",
 
 
 def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason: str,
-                 values: Mapping[int, Mapping]) -> tuple[list[str], list]:
+                 values: Mapping[int, Mapping], claim_for: str = "") -> tuple[list[str], list]:
     sets = ["status = %s", "previous_status = status", "updated_at = %s"]
     params: list = [transition_.target, to_db_datetime(now)]
 
@@ -510,8 +516,8 @@ def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason:
     name = transition_.name
     if name == "dispatch":
         sets += ["attempts = attempts + 1", "dispatched_at = %s", "started_at = NULL",
-                 "dispatch_token = %s", "cluster = ''"]
-        params += [to_db_datetime(now), secrets.randbits(62)]
+                 "dispatch_token = %s", "cluster = %s"]
+        params += [to_db_datetime(now), secrets.randbits(62), claim_for]
     elif name == "release":
         # The dispatch gave the item an attempt number it never used: take it back.
         sets += ["attempts = attempts - 1", "dispatched_at = NULL", "cluster = ''"]
@@ -543,12 +549,12 @@ def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason:
 
 def _update_sql(transition_: Transition, id_condition: str, id_params: list, ids: list[int],
                 now: datetime, reason: str, expected_attempts: Mapping[int, int] | None,
-                values: Mapping[int, Mapping],
-                guard: tuple[str, list] | None) -> tuple[str, list] | None:
+                values: Mapping[int, Mapping], guard: tuple[str, list] | None, *,
+                claim_for: str = "", returning: str = "") -> tuple[str, list] | None:
     """The guarded UPDATE ... RETURNING of one transition for the rows `id_condition` picks;
     None when the fence leaves no row to move."""
     table = Item._meta.db_table
-    sets, params = _set_clauses(transition_, ids, now, reason, values)
+    sets, params = _set_clauses(transition_, ids, now, reason, values, claim_for)
     where = [id_condition, f"status IN ({placeholders(len(transition_.sources))})"]
     params += id_params + list(transition_.sources)
     if expected_attempts is not None:
@@ -573,7 +579,8 @@ def _update_sql(transition_: Transition, id_condition: str, id_params: list, ids
             f"NOT EXISTS (SELECT 1 FROM {table} AS live WHERE live.queue_id = {table}.queue_id "
             f"AND live.identifier = {table}.identifier AND live.{_live_status_sql()})"
         )
-    sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING {RETURNED}"
+    sql = (f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)} "
+           f"RETURNING {RETURNED}{returning}")
     return sql, params
 
 
@@ -586,7 +593,7 @@ def _move(transition_: Transition, ids: list[int], now: datetime, actor: str, re
         with transaction.atomic(savepoint=transition_.name == "requeue"):
             if _records_in_sql(transition_, values):
                 return _update_recorded(transition_, "id = ANY(%s::bigint[])", [ids], ids, now,
-                                        actor, reason, expected_attempts, guard)
+                                        actor, reason, expected_attempts, guard, values=values)
             changed = _update(transition_, ids, now, reason, expected_attempts, values, guard)
             _record(transition_, changed, now, actor, reason, values)
             return changed
@@ -620,55 +627,109 @@ def _update(transition_: Transition, ids: list[int], now: datetime, reason: str,
 def _changed(row) -> Changed:
     return Changed(id=row[0], queue_id=row[1], account=row[2], identifier=row[3],
                    from_status=row[4], attempts=row[5], started_at=from_db_datetime(row[6]),
-                   token=row[7])
+                   token=row[7], extra=tuple(row[8:]))
 
 
 def _records_in_sql(transition_: Transition, values: Mapping[int, Mapping]) -> bool:
-    """Transitions whose records need nothing but the moved rows (no per-item errors,
-    attempts or dead letters) are written in the UPDATE's own statement on PostgreSQL."""
-    return (is_postgres() and not values and transition_.attempt_outcome is None
-            and not transition_.dead_letter)
+    """On PostgreSQL a transition's records are written by the UPDATE's own statement."""
+    return is_postgres()
 
 
 def _update_recorded(transition_: Transition, id_condition: str, id_params: list,
                      ids: list[int], now: datetime, actor: str, reason: str,
                      expected_attempts: Mapping[int, int] | None,
-                     guard: tuple[str, list] | None) -> list[Changed]:
-    """PostgreSQL: the UPDATE, the events and counter deltas of the rows it moved (and, for a
-    requeue, their dead letters marked replayed) in one statement, so a selector round or a
-    bulk step pays one round trip and ships no rows to the database."""
+                     guard: tuple[str, list] | None, *, values: Mapping[int, Mapping] = None,
+                     claim_for: str = "", returning: str = "") -> list[Changed]:
+    """PostgreSQL: the UPDATE, the events and counter deltas of the rows it moved, their
+    attempts and dead letters (for a requeue, their dead letters marked replayed) and the
+    streams' wake-up in one statement, so a selector round, a worker's outcomes or a bulk step
+    pay one round trip and ship no rows to the database but per-item data."""
+    values = values or {}
     statement = _update_sql(transition_, id_condition, id_params, ids, now, reason,
-                            expected_attempts, {}, guard)
+                            expected_attempts, values, guard, claim_for=claim_for,
+                            returning=returning)
     if statement is None:
         return []
     update_sql, params = statement
     at, minute = to_db_datetime(now), to_db_datetime(now.replace(second=0, microsecond=0))
-    parts = [
-        f"moved AS ({update_sql})",
+    parts = [f"moved AS ({update_sql})"]
+    records = transition_.attempt_outcome or transition_.dead_letter or values
+    if records:
+        parts.append(_per_item_sql(transition_, ids, reason, values, params))
+        source, event_reason = "moved JOIN per_item USING (id)", "per_item.error"
+    else:
+        source, event_reason = "moved", "%s"
+    parts.append(
         f"events AS (INSERT INTO {ItemEvent._meta.db_table} ({', '.join(EVENT_COLUMNS)}) "
         f"SELECT id, queue_id, account, identifier, %s, previous_status, %s, attempts, %s, %s, "
-        f"%s FROM moved)",
-        # Each row leaves its previous status and enters the target; run_now's -1 and +1 on
-        # the same status cancel out and are not written.
+        f"{event_reason} FROM {source})")
+    params += [transition_.event, transition_.target, at, actor]
+    if not records:
+        params.append(_clip_error(reason))
+    # Each row leaves its previous status and enters the target; run_now's -1 and +1 on the
+    # same status cancel out and are not written.
+    parts.append(
         f"deltas AS (INSERT INTO {CounterDelta._meta.db_table} (queue_id, status, delta, "
         f"minute) SELECT queue_id, d.status, SUM(d.delta), %s FROM moved CROSS JOIN LATERAL "
         f"(VALUES (previous_status, -1), (%s, 1)) AS d(status, delta) "
-        f"GROUP BY queue_id, d.status HAVING SUM(d.delta) <> 0)",
-    ]
-    params += [transition_.event, transition_.target, at, actor, _clip_error(reason),
-               minute, transition_.target]
+        f"GROUP BY queue_id, d.status HAVING SUM(d.delta) <> 0)")
+    params += [minute, transition_.target]
+    if transition_.attempt_outcome:
+        parts.append(
+            f"attempts_ AS (INSERT INTO {Attempt._meta.db_table} ({', '.join(ATTEMPT_COLUMNS)}) "
+            f"SELECT id, attempts, COALESCE(per_item.started_at, moved.started_at), "
+            f"COALESCE(per_item.finished_at, %s), %s, per_item.error, per_item.traceback, "
+            f"per_item.worker, per_item.result::jsonb FROM {source})")
+        params += [at, transition_.attempt_outcome]
+    if transition_.dead_letter:
+        parts.append(
+            f"dead AS (INSERT INTO {DeadLetter._meta.db_table} ({', '.join(DEAD_LETTER_COLUMNS)}) "
+            f"SELECT id, queue_id, account, per_item.dead_reason, per_item.error, attempts, %s, "
+            f"'' FROM {source})")
+        params.append(at)
     if transition_.name == "requeue":
         parts.append(
             f"replayed AS (UPDATE {DeadLetter._meta.db_table} SET replayed_at = %s, "
             f"replayed_by = %s WHERE item_id IN (SELECT id FROM moved) "
             f"AND replayed_at IS NULL)")
         params += [at, actor]
+    # Wakes the streams and the selector loop when the transaction commits (see
+    # stream.notify_events_written); a volatile CTE runs once.
+    parts.append("woken AS (SELECT pg_notify(%s, '') FROM (SELECT 1 FROM moved LIMIT 1) AS m)")
+    params.append(CHANNEL)
     with connection.cursor() as cursor:
-        cursor.execute(f"WITH {', '.join(parts)} SELECT {RETURNED} FROM moved", params)
+        cursor.execute(f"WITH {', '.join(parts)} SELECT {RETURNED}{returning} FROM moved "
+                       f"LEFT JOIN woken ON true", params)
         rows = cursor.fetchall()
-    if rows:
-        notify_events_written()
     return [_changed(row) for row in rows]
+
+
+def _per_item_sql(transition_: Transition, ids: list[int], reason: str,
+                  values: Mapping[int, Mapping], params: list) -> str:
+    """What each moved row records beside itself (error, traceback, worker, result, times,
+    dead-letter reason), one array per column: a dozen parameters for a thousand rows."""
+    result_field = Attempt._meta.get_field("result")
+    default_dead = WORKER_LOST if transition_.event == "lost" else "permanent"
+    columns: dict[str, list] = {name: [] for name in (
+        "id", "error", "traceback", "worker", "result", "started_at", "finished_at",
+        "dead_reason")}
+    for item_id in ids:
+        data = values.get(item_id, {})
+        result = data.get("result")
+        for name, value in (
+                ("id", item_id), ("error", _clip_error(data.get("error") or reason)),
+                ("traceback", (data.get("traceback") or "")[-TRACEBACK_LIMIT:]),
+                ("worker", data.get("worker", "")),
+                ("result", None if result is None
+                 else json.dumps(result, cls=result_field.encoder)),
+                ("started_at", to_db_datetime(data.get("started_at"))),
+                ("finished_at", to_db_datetime(data.get("finished_at"))),
+                ("dead_reason", data.get("dead_reason", default_dead))):
+            columns[name].append(value)
+    types = ("bigint", "text", "text", "text", "text", "timestamptz", "timestamptz", "text")
+    params += list(columns.values())
+    arrays = ", ".join(f"%s::{pg_type}[]" for pg_type in types)
+    return f"per_item AS (SELECT * FROM unnest({arrays}) AS p({', '.join(columns)}))"
 
 
 def _drop_requeue_duplicates(ids: list[int], result: TransitionResult) -> list[int]:
@@ -854,6 +915,28 @@ def claim_waiting(queue_id: int, cluster: str, limit: int) -> list[list[int]]:
             f"ORDER BY dispatched_at, id LIMIT %s {lock}) RETURNING id, attempts, dispatch_token",
             [cluster, Status.DISPATCHED, queue_id, Status.DISPATCHED, limit])
         return [list(row) for row in cursor.fetchall()]
+
+
+def start_claimed(ids: list[int], *, cluster: str, expected_attempts: Mapping[int, int],
+                  tokens: Iterable[int]) -> list[dict]:
+    """A worker starts items its cluster claimed: returns what their handlers need, for the
+    items that moved (a stale one, rescued or released meanwhile, does not)."""
+    guard = claimed_by(cluster, tokens)
+    if not is_postgres():
+        result = apply("start", ids, actor="worker", expected_attempts=expected_attempts,
+                       guard=guard)
+        return list(Item.objects.filter(pk__in=result.changed_ids).values(
+            "id", "account", "identifier", "payload", "attempts", "task_path"))
+    # The UPDATE returns what the handlers need: no second read of the rows.
+    with transaction.atomic(savepoint=False):
+        changed = _update_recorded(TRANSITIONS["start"], "id = ANY(%s::bigint[])", [ids], ids,
+                                   timezone.now(), "worker", "", expected_attempts, guard,
+                                   returning=", payload, task_path")
+    payload = Item._meta.get_field("payload")
+    return [{"id": row.id, "account": row.account, "identifier": row.identifier,
+             "attempts": row.attempts, "task_path": row.extra[1],
+             "payload": payload.from_db_value(row.extra[0], None, connection)}
+            for row in changed]
 
 
 def claimed_by(cluster: str, tokens: Iterable[int] = ()) -> tuple[str, list]:

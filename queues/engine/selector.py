@@ -35,6 +35,7 @@ from queues.models import (
 
 log = logging.getLogger(__name__)
 LOCK_NAMESPACE = 7_466_001  # first key of the advisory lock; the queue id is the second
+WORKER_LOCK_WAIT_MS = 2000  # a top-up waiting longer fails, and its batch tries again
 READY_SQL = "status IN ('queued', 'retry')"  # the ready-set partial index's predicate
 IDLE_SECONDS = 1.0  # longest wait between passes when nothing wakes the loop
 SQLITE_POLL_SECONDS = 0.25
@@ -82,8 +83,10 @@ def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None,
     batch with idle threads asks for at most `limit` items `for_cluster` (its own) and gets them
     claimed for it, in the same transaction, to run at once."""
     result = Round(queue=queue.key)
-    with transaction.atomic():
-        if not _try_lock(queue):
+    # Inside a worker's transaction (a top-up records outcomes in it) the round is part of it:
+    # no savepoint, and its commit must reach the disk.
+    with transaction.atomic(savepoint=False):
+        if not _lock(queue, for_worker=bool(for_cluster)):
             result.skipped = BUSY
             return result
         # Timed from holding the lock to just before commit, so recorded rounds of one queue
@@ -100,34 +103,32 @@ def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None,
         if result.capacity <= 0:
             result.skipped = FULL
             return result
+        if (hold_small and not for_cluster and state.in_flight and result.capacity < _fill(queue)
+                and _ready_beyond(queue, now, result.capacity)):
+            # Under a backlog, a little freed capacity is left to the running batches, which
+            # take it at once (worker top-ups); a new batch waits until half a batch is free,
+            # so that it is worth a worker task. Decided before planning: the queue's lock is
+            # held meanwhile, and the top-ups wait for it.
+            result.skipped = HELD_BACK
+            return result
         # Most queues have no account policies: then there is nothing to read.
         policies = list(AccountPolicy.objects.filter(queue=queue)) if state.has_policies else []
         excluded, caps, weights = _apply_policies(queue, policies)
         accounts = _next_accounts(queue, now, previous_cursor, result.capacity, excluded)
         demand, plan, cursor = _plan(queue, now, accounts, result.capacity, previous_cursor,
                                      caps, weights)
-        if (hold_small and not for_cluster and state.in_flight and result.capacity < _fill(queue)
-                and sum(plan.values()) == result.capacity
-                and _ready_beyond(queue, now, result.capacity)):
-            # Under a backlog, a little freed capacity is left to the running batches, which
-            # take it at once (worker top-ups); a new batch waits until half a batch is free,
-            # so that it is worth a worker task.
-            result.skipped = HELD_BACK
-            return result
         if plan and sum(plan.values()) == sum(demand.values()):
             # All the demand we read was met, but it may be only the next accounts of a longer
             # ring: carry on after the last one served (accounts are in ring order).
             cursor = [account for account in accounts if plan.get(account)][-1]
         if plan:
             dispatched = lifecycle.apply_selected("dispatch", *_claim_sql(queue, now, plan),
-                                                  actor="selector")
+                                                  actor="selector", claim_for=for_cluster)
             result.item_ids = [row.id for row in dispatched]
             result.batch = [[row.id, row.attempts, row.token] for row in dispatched]
             for row in dispatched:
                 result.taken[row.account] = result.taken.get(row.account, 0) + 1
-            if dispatched and for_cluster:
-                lifecycle.claim(result.batch, for_cluster)
-            elif dispatched:
+            if dispatched and not for_cluster:
                 async_task("queues.engine.worker.run_batch", queue.pk, result.batch,
                            task_name=f"{queue.key} batch of {len(dispatched)}")
             result.duration_ms = (time.perf_counter() - started) * 1000
@@ -279,34 +280,48 @@ def _refresh_settings(queue: Queue) -> RoundState:
 
 
 def _record_round(queue: Queue, now: datetime, cursor: str, result: Round):
-    """Saves the cursor and the round record (for the fairness view and the rate limit)."""
-    state_table = SelectorState._meta.db_table
-    with connection.cursor() as db:
-        db.execute(
-            f"INSERT INTO {state_table} (queue_id, cursor, last_round_at) VALUES (%s, %s, %s) "
-            f"ON CONFLICT (queue_id) DO UPDATE SET cursor = excluded.cursor, "
-            f"last_round_at = excluded.last_round_at",
-            [queue.pk, cursor, to_db_datetime(now)])
+    """Saves the cursor and the round record (for the fairness view and the rate limit), in
+    one statement on PostgreSQL: the queue's lock is held meanwhile."""
+    state_table, round_table = SelectorState._meta.db_table, SelectorRound._meta.db_table
+    save_cursor = (f"INSERT INTO {state_table} (queue_id, cursor, last_round_at) "
+                   f"VALUES (%s, %s, %s) ON CONFLICT (queue_id) DO UPDATE SET "
+                   f"cursor = excluded.cursor, last_round_at = excluded.last_round_at")
+    at = to_db_datetime(now)
     allocation = SelectorRound._meta.get_field("allocation").get_db_prep_save(
         result.taken, connection)
-    insert_rows(SelectorRound, ROUND_COLUMNS, [
-        (queue.pk, to_db_datetime(now), result.duration_ms, result.total, len(result.taken),
-         allocation, cursor)
-    ])
+    round_row = [queue.pk, at, result.duration_ms, result.total, len(result.taken), allocation,
+                 cursor]
+    with connection.cursor() as db:
+        if is_postgres():
+            db.execute(f"WITH saved AS ({save_cursor}) INSERT INTO {round_table} "
+                       f"({', '.join(ROUND_COLUMNS)}) VALUES "
+                       f"({placeholders(len(ROUND_COLUMNS))})",
+                       [queue.pk, cursor, at, *round_row])
+            return
+        db.execute(save_cursor, [queue.pk, cursor, at])
+    insert_rows(SelectorRound, ROUND_COLUMNS, [tuple(round_row)])
 
 
-def _try_lock(queue: Queue) -> bool:
+def _lock(queue: Queue, *, for_worker: bool) -> bool:
     """One round per queue at a time across processes and machines. On SQLite the IMMEDIATE
-    transaction already holds the database's single write lock."""
+    transaction already holds the database's single write lock.
+
+    A worker's top-up waits for the lock (rounds hold it for milliseconds): its transaction
+    records outcomes, and capacity they free is better filled in the same commit than left
+    idle until the next try. Its commit must also reach the disk. The selector loop's rounds
+    only try: the queue is being served when another round holds the lock. A round lost in a
+    crash loses its items' dispatch and their worker task together (same transaction): they are
+    simply ready again, so it need not wait for its commit to reach the disk."""
     if not is_postgres():
         return True
     with connection.cursor() as cursor:
-        # A round lost in a crash loses its items' dispatch and their worker task together (same
-        # transaction): they are simply ready again. So the round need not wait for its commit
-        # to reach the disk.
-        cursor.execute(
-            "SELECT pg_try_advisory_xact_lock(%s, %s), "
-            "set_config('synchronous_commit', 'off', true)", [LOCK_NAMESPACE, queue.pk])
+        if for_worker:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true), "
+                           "pg_advisory_xact_lock(%s, %s)",
+                           [f"{WORKER_LOCK_WAIT_MS}ms", LOCK_NAMESPACE, queue.pk])
+            return True
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s), "
+                       "set_config('synchronous_commit', 'off', true)", [LOCK_NAMESPACE, queue.pk])
         return cursor.fetchone()[0]
 
 

@@ -9,8 +9,10 @@ to the rest of its batch. Handler threads only run handlers.
 While the batch has idle threads (its items ended but a slow one still runs) and no other
 queue's batch waits for a worker, it takes more of its queue's items, claimed for its cluster:
 first those of its queue's batches still waiting for a worker process, then ready ones through a
-selector round of its own. Freed capacity is used at once, without a trip through django-q2's
-broker, and a long item no longer idles the worker process it holds.
+selector round of its own. That happens in the transaction that records the outcomes, which
+also starts what it took: the capacity an outcome frees is filled by the commit that frees it,
+without a trip through django-q2's broker, and a long item no longer idles the worker process
+it holds.
 
 A handler that overruns its queue's handler timeout is recorded as timed out and its thread
 abandoned (a late result is refused by the attempt fence). Items not started when the batch's
@@ -26,7 +28,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass
 
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
 
 from queues.conf import setting, task_timeout_seconds
@@ -45,11 +47,14 @@ RESULT_LIMIT = 16_000
 # Time kept at the end of the django-q2 task timeout to record the last outcomes: the batch
 # returns before django-q2 would kill it.
 RECORD_MARGIN_SECONDS = 15
-# A batch asks for more items as soon as a thread is idle, but at most every 20 ms (a burst of
-# outcomes is one request), and after finding nothing, not again for a while: rounds take the
+# A batch asks for more items with every outcome it records; with idle threads and no outcome,
+# at most every 20 ms, and after finding nothing, not again for a while: rounds take the
 # queue's lock.
 TOP_UP_SECONDS = 0.02
 TOP_UP_RETRY_SECONDS = 0.5
+# Whether other queues' batches wait for a worker process changes slowly next to a top-up's
+# pace, and asking scans every dispatched row: asked at most this often.
+WAITING_CHECK_SECONDS = 0.25
 WAIT_SECONDS = 0.5  # longest wait for an outcome before deadlines and shutdown are checked again
 DATABASE_RETRY_SECONDS = 30  # a database restart during a batch is waited out this long
 DATABASE_PAUSE_SECONDS = 1.0  # between tries of a statement the database did not answer
@@ -89,7 +94,9 @@ class BatchRun:
             self.summary["stale"] = len(batch) - len(claimed)
         self.function = handlers.get(queue.handler) or _unknown_handler(queue.handler)
         self.threads_wanted = max(1, min(queue.concurrency, queue.batch_size, MAX_THREADS))
-        self.top_up_after = 0.0
+        self.top_up_after = self.idle_until = 0.0
+        self.waiting_checked_at = -WAITING_CHECK_SECONDS
+        self.others_wait = self.own_wait = False
         self.threads_alive = 0
         self.work: queues.SimpleQueue = queues.SimpleQueue()
         self.results: queues.SimpleQueue = queues.SimpleQueue()
@@ -104,17 +111,13 @@ class BatchRun:
             if self.pending and (stopping is not None or time.monotonic() > self.start_until):
                 self._release(SHUTDOWN if stopping is not None
                               else "its batch ran out of time before starting it")
-            free = self.threads_wanted - len(self.running)
-            if self._may_top_up(free, stopping) and time.monotonic() >= self.top_up_after:
-                self._top_up(free)
-            if self.pending and free > 0:
-                self._start(self.pending[:free])
             # An idle thread waits for its next top-up, not for the next outcome.
             free = self.threads_wanted - len(self.running)
             outcomes = self._collect(self.top_up_after if self._may_top_up(free, stopping)
                                      else None)
             outcomes += self._overdue(stopping)
-            self._record(outcomes)
+            # Asked again: a shutdown may have begun while the batch waited for outcomes.
+            self._step(outcomes, heartbeat.stopping_since())
         for _ in range(self.threads_alive):
             self.work.put(None)  # idle handler threads end
         return dict(self.summary)
@@ -123,33 +126,74 @@ class BatchRun:
         return bool(not self.pending and stopping is None and self.running and free > 0
                     and time.monotonic() < self.start_until)
 
-    def _top_up(self, free: int):
-        """First the queue's items whose batch still waits for a worker process (one held by a
-        long item, say), then ready items through a selector round of our own."""
-        others_wait, own_wait = _retrying(lambda: _batches_waiting(self.queue))
-        if others_wait:
-            # Their batch needs a worker process: this one should end rather than grow.
-            self.top_up_after = time.monotonic() + TOP_UP_RETRY_SECONDS
+    def _step(self, outcomes: list[lifecycle.Outcome], stopping: float | None):
+        """Records what ended, takes more of the queue for the threads that are free and starts
+        them, in one transaction: the slot an outcome frees is filled by the commit that frees
+        it, so the queue's concurrency does not sit idle between the two."""
+        free = self.threads_wanted - len(self.running)
+        # An outcome freed capacity, so it is worth a round at once, unless the last one found
+        # nothing to take; without one, the round waits for its time.
+        now = time.monotonic()
+        top_up = self._may_top_up(free, stopping) and (
+            now >= self.top_up_after or bool(outcomes) and now >= self.idle_until)
+        # Items left over are released at the top of the loop.
+        startable = free if stopping is None and now <= self.start_until else 0
+        if not (outcomes or top_up or (self.pending and startable > 0)):
             return
-        batch = (_retrying(lambda: lifecycle.claim_waiting(self.queue.pk, self.cluster, free))
-                 if own_wait else [])
+        results, taken, started, rows = _retrying(
+            lambda: self._transact(outcomes, startable, top_up))
+        for kind, result in results.items():
+            self.summary[kind] += len(result.changed)
+        _log_failures(self.queue, outcomes, results)
+        self.tokens.update({pk: token for pk, _, token in taken})
+        self.attempts.update({pk: attempt for pk, attempt, _ in taken})
+        if taken:
+            self.summary["taken while running"] += len(taken)
+        queued = self.pending + [pk for pk, _, _ in taken]
+        self.pending = queued[len(started):]
+        if len(rows) < len(started):
+            self.summary["stale"] += len(started) - len(rows)
+        self._hand_out(rows)
+
+    def _transact(self, outcomes, free: int, top_up: bool):
+        with transaction.atomic(savepoint=False):
+            results = (lifecycle.finish(self.queue, outcomes, worker=heartbeat.worker_id())
+                       if outcomes else {})
+            taken = self._top_up(free) if top_up else []
+            tokens = self.tokens | {pk: token for pk, _, token in taken}
+            attempts = self.attempts | {pk: attempt for pk, attempt, _ in taken}
+            started = (self.pending + [pk for pk, _, _ in taken])[:max(0, free)]
+            rows = lifecycle.start_claimed(
+                started, cluster=self.cluster, expected_attempts=attempts,
+                tokens={tokens[pk] for pk in started if pk in tokens}) if started else []
+        return results, taken, started, rows
+
+    def _top_up(self, free: int) -> list[list[int]]:
+        """First the queue's items whose batch still waits for a worker process (one held by a
+        long item, say), then ready items through a selector round of our own; returns them
+        ([id, attempt, dispatch token]), claimed for this cluster."""
+        if time.monotonic() >= self.waiting_checked_at + WAITING_CHECK_SECONDS:
+            self.others_wait, self.own_wait = _batches_waiting(self.queue)
+            self.waiting_checked_at = time.monotonic()
+        if self.others_wait:
+            # Their batch needs a worker process: this one should end rather than grow.
+            self.top_up_after = self.idle_until = time.monotonic() + TOP_UP_RETRY_SECONDS
+            return []
+        batch = (lifecycle.claim_waiting(self.queue.pk, self.cluster, free)
+                 if self.own_wait else [])
         contended = False
         if not batch:
+            self.own_wait = False
             # The round re-reads what an operator may have changed (pause, concurrency).
-            round_ = _retrying(lambda: selector.run_round(
-                self.queue, for_cluster=self.cluster, limit=free))
+            round_ = selector.run_round(self.queue, for_cluster=self.cluster, limit=free)
             batch = round_.batch
             # Another round of the queue ran meanwhile, or took the capacity ours freed: ask
             # again soon. Only an empty or paused queue is worth the longer wait.
             contended = round_.skipped in (selector.BUSY, selector.FULL)
         self.top_up_after = time.monotonic() + (
             TOP_UP_SECONDS if batch or contended else TOP_UP_RETRY_SECONDS)
-        if not batch:
-            return
-        self.tokens.update({pk: token for pk, _, token in batch})
-        self.attempts.update({pk: attempt for pk, attempt, _ in batch})
-        self.pending += [pk for pk, _, _ in batch]
-        self.summary["taken while running"] += len(batch)
+        self.idle_until = 0.0 if batch or contended else self.top_up_after
+        return batch
 
     def _guard(self, ids: list[int]) -> tuple[str, list]:
         # The tokens of these items only: a batch that tops up for minutes holds many.
@@ -163,20 +207,9 @@ class BatchRun:
             expected_attempts={pk: self.attempts[pk] for pk in ids}, guard=self._guard(ids)))
         self.summary["released"] += len(result.changed)
 
-    def _start(self, ids: list[int]):
-        self.pending = self.pending[len(ids):]
-        result = _retrying(lambda: lifecycle.apply(
-            "start", ids, actor="worker", expected_attempts={pk: self.attempts[pk] for pk in ids},
-            guard=self._guard(ids)))
-        if len(result.changed) < len(ids):
-            self.summary["stale"] += len(ids) - len(result.changed)
-        if not result.changed:
-            return
+    def _hand_out(self, rows: list[dict]):
+        """Items just marked running go to the handler threads, started as needed."""
         now = time.monotonic()
-        # Read inside the retry too: these items are running now, and a batch that died here
-        # would leave them so until the stale threshold, its cluster still beating.
-        rows = _retrying(lambda: list(Item.objects.filter(pk__in=result.changed_ids).values(
-            "id", "account", "identifier", "payload", "attempts", "task_path")))
         for row in rows:
             task = Task(item_id=row["id"], queue=self.queue.key, account=row["account"],
                         identifier=row["identifier"], payload=row["payload"],
@@ -239,15 +272,6 @@ class BatchRun:
             item_id, attempt = key
             outcomes.append(lifecycle.Outcome(item_id, attempt, error=error, delay=delay))
         return outcomes
-
-    def _record(self, outcomes: list[lifecycle.Outcome]):
-        if not outcomes:
-            return
-        results = _retrying(lambda: lifecycle.finish(self.queue, outcomes,
-                                                     worker=heartbeat.worker_id()))
-        for kind, result in results.items():
-            self.summary[kind] += len(result.changed)
-        _log_failures(self.queue, outcomes, results)
 
 
 def _batches_waiting(queue: Queue) -> tuple[bool, bool]:
