@@ -189,7 +189,7 @@ def test_a_concurrent_round_for_the_same_queue_returns_at_once_without_selecting
 
     def hold_the_round_lock():
         with transaction.atomic():
-            assert selector._lock(queue, for_worker=False)
+            assert selector._try_lock(queue)
             holding.set()
             release.wait(10)
         connection.close()
@@ -203,34 +203,6 @@ def test_a_concurrent_round_for_the_same_queue_returns_at_once_without_selecting
         release.set()
         holder.join()
     assert selector.run_round(queue).total == 5
-
-
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_a_workers_round_waits_for_the_queues_lock_and_then_selects():
-    queue = QueueFactory()
-    put(queue, "acme", 5)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold_the_round_lock():
-        with transaction.atomic():
-            assert selector._lock(queue, for_worker=False)
-            holding.set()
-            release.wait(10)
-        connection.close()
-
-    holder = threading.Thread(target=hold_the_round_lock)
-    holder.start()
-    holding.wait(10)
-    threading.Timer(0.3, release.set).start()
-    try:
-        result = selector.run_round(queue, for_cluster="host:1", limit=3)
-    finally:
-        release.set()
-        holder.join()
-    assert (result.skipped, result.total) == ("", 3)
-    assert set(Item.objects.filter(status=Status.DISPATCHED).values_list("cluster", flat=True)
-               ) == {"host:1"}
 
 
 @pytest.mark.postgres

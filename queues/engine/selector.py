@@ -35,7 +35,6 @@ from queues.models import (
 
 log = logging.getLogger(__name__)
 LOCK_NAMESPACE = 7_466_001  # first key of the advisory lock; the queue id is the second
-WORKER_LOCK_WAIT_MS = 2000  # a top-up waiting longer fails, and its batch tries again
 READY_SQL = "status IN ('queued', 'retry')"  # the ready-set partial index's predicate
 IDLE_SECONDS = 1.0  # longest wait between passes when nothing wakes the loop
 SQLITE_POLL_SECONDS = 0.25
@@ -83,10 +82,9 @@ def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None,
     batch with idle threads asks for at most `limit` items `for_cluster` (its own) and gets them
     claimed for it, in the same transaction, to run at once."""
     result = Round(queue=queue.key)
-    # Inside a worker's transaction (a top-up records outcomes in it) the round is part of it:
-    # no savepoint, and its commit must reach the disk.
+    # Inside a worker's transaction (a top-up starts what it takes in it), part of that one.
     with transaction.atomic(savepoint=False):
-        if not _lock(queue, for_worker=bool(for_cluster)):
+        if not _try_lock(queue):
             result.skipped = BUSY
             return result
         # Timed from holding the lock to just before commit, so recorded rounds of one queue
@@ -302,26 +300,18 @@ def _record_round(queue: Queue, now: datetime, cursor: str, result: Round):
     insert_rows(SelectorRound, ROUND_COLUMNS, [tuple(round_row)])
 
 
-def _lock(queue: Queue, *, for_worker: bool) -> bool:
+def _try_lock(queue: Queue) -> bool:
     """One round per queue at a time across processes and machines. On SQLite the IMMEDIATE
-    transaction already holds the database's single write lock.
-
-    A worker's top-up waits for the lock (rounds hold it for milliseconds): its transaction
-    records outcomes, and capacity they free is better filled in the same commit than left
-    idle until the next try. Its commit must also reach the disk. The selector loop's rounds
-    only try: the queue is being served when another round holds the lock. A round lost in a
-    crash loses its items' dispatch and their worker task together (same transaction): they are
-    simply ready again, so it need not wait for its commit to reach the disk."""
+    transaction already holds the database's single write lock."""
     if not is_postgres():
         return True
     with connection.cursor() as cursor:
-        if for_worker:
-            cursor.execute("SELECT set_config('lock_timeout', %s, true), "
-                           "pg_advisory_xact_lock(%s, %s)",
-                           [f"{WORKER_LOCK_WAIT_MS}ms", LOCK_NAMESPACE, queue.pk])
-            return True
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s), "
-                       "set_config('synchronous_commit', 'off', true)", [LOCK_NAMESPACE, queue.pk])
+        # A round lost in a crash loses its items' dispatch and their worker task together (same
+        # transaction): they are simply ready again. So the round need not wait for its commit
+        # to reach the disk. (A worker's outcomes commit before its top-up's round.)
+        cursor.execute(
+            "SELECT pg_try_advisory_xact_lock(%s, %s), "
+            "set_config('synchronous_commit', 'off', true)", [LOCK_NAMESPACE, queue.pk])
         return cursor.fetchone()[0]
 
 

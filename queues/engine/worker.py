@@ -9,10 +9,9 @@ to the rest of its batch. Handler threads only run handlers.
 While the batch has idle threads (its items ended but a slow one still runs) and no other
 queue's batch waits for a worker, it takes more of its queue's items, claimed for its cluster:
 first those of its queue's batches still waiting for a worker process, then ready ones through a
-selector round of its own. That happens in the transaction that records the outcomes, which
-also starts what it took: the capacity an outcome frees is filled by the commit that frees it,
-without a trip through django-q2's broker, and a long item no longer idles the worker process
-it holds.
+selector round of its own, right after recording the outcomes that freed the capacity, and
+starts them in the same transaction: freed capacity is used at once, without a trip through
+django-q2's broker, and a long item no longer idles the worker process it holds.
 
 A handler that overruns its queue's handler timeout is recorded as timed out and its thread
 abandoned (a late result is refused by the attempt fence). Items not started when the batch's
@@ -127,9 +126,16 @@ class BatchRun:
                     and time.monotonic() < self.start_until)
 
     def _step(self, outcomes: list[lifecycle.Outcome], stopping: float | None):
-        """Records what ended, takes more of the queue for the threads that are free and starts
-        them, in one transaction: the slot an outcome frees is filled by the commit that frees
-        it, so the queue's concurrency does not sit idle between the two."""
+        """Records what ended, then takes more of the queue for the threads that are free and
+        starts them. The outcomes commit first, on their own: a returned handler is durable
+        before anything can make its batch wait (the queue's lock, say), which keeps the window
+        in which a killed cluster's finished work is run again to a few milliseconds."""
+        if outcomes:
+            results = _retrying(lambda: lifecycle.finish(self.queue, outcomes,
+                                                         worker=heartbeat.worker_id()))
+            for kind, result in results.items():
+                self.summary[kind] += len(result.changed)
+            _log_failures(self.queue, outcomes, results)
         free = self.threads_wanted - len(self.running)
         # An outcome freed capacity, so it is worth a round at once, unless the last one found
         # nothing to take; without one, the round waits for its time.
@@ -138,13 +144,9 @@ class BatchRun:
             now >= self.top_up_after or bool(outcomes) and now >= self.idle_until)
         # Items left over are released at the top of the loop.
         startable = free if stopping is None and now <= self.start_until else 0
-        if not (outcomes or top_up or (self.pending and startable > 0)):
+        if not (top_up or (self.pending and startable > 0)):
             return
-        results, taken, started, rows = _retrying(
-            lambda: self._transact(outcomes, startable, top_up))
-        for kind, result in results.items():
-            self.summary[kind] += len(result.changed)
-        _log_failures(self.queue, outcomes, results)
+        taken, started, rows = _retrying(lambda: self._take_and_start(startable, top_up))
         self.tokens.update({pk: token for pk, _, token in taken})
         self.attempts.update({pk: attempt for pk, attempt, _ in taken})
         if taken:
@@ -155,10 +157,9 @@ class BatchRun:
             self.summary["stale"] += len(started) - len(rows)
         self._hand_out(rows)
 
-    def _transact(self, outcomes, free: int, top_up: bool):
+    def _take_and_start(self, free: int, top_up: bool):
+        """One transaction: what is taken is also started, so it never waits dispatched."""
         with transaction.atomic(savepoint=False):
-            results = (lifecycle.finish(self.queue, outcomes, worker=heartbeat.worker_id())
-                       if outcomes else {})
             taken = self._top_up(free) if top_up else []
             tokens = self.tokens | {pk: token for pk, _, token in taken}
             attempts = self.attempts | {pk: attempt for pk, attempt, _ in taken}
@@ -166,7 +167,7 @@ class BatchRun:
             rows = lifecycle.start_claimed(
                 started, cluster=self.cluster, expected_attempts=attempts,
                 tokens={tokens[pk] for pk in started if pk in tokens}) if started else []
-        return results, taken, started, rows
+        return taken, started, rows
 
     def _top_up(self, free: int) -> list[list[int]]:
         """First the queue's items whose batch still waits for a worker process (one held by a
