@@ -282,6 +282,14 @@ def test_a_batch_claims_its_items_for_its_cluster_and_a_second_delivery_gets_non
     assert run_batch(queue.pk, batch) == {"stale": 2}
 
 
+def test_a_batch_of_quick_items_goes_on_with_its_queue_when_every_item_ended():
+    queue = QueueFactory(handler="test-gated", batch_size=2, concurrency=2)
+    batch = dispatched_batch(queue, ["quick-0", "quick-1"])
+    enqueue_many(queue.key, [{"account": "acme", "identifier": f"quick-{i}"} for i in range(2, 7)])
+    assert run_batch(queue.pk, batch) == {"complete": 7, "taken while running": 5}
+    assert Item.objects.filter(status=Status.COMPLETE).count() == 7
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_batch_with_idle_threads_takes_more_of_its_queue_while_a_slow_item_runs(gate):
     queue = QueueFactory(handler="test-gated", batch_size=2)

@@ -6,7 +6,7 @@ and records every outcome as soon as it arrives, with whatever else finished mea
 transaction: a handler that returned is durable within a fraction of a second, whatever happens
 to the rest of its batch. Handler threads only run handlers.
 
-While the batch has idle threads (its items ended but a slow one still runs) and no other
+While the batch has idle threads (its items ended, a slow one may still run) and no other
 queue's batch waits for a worker, it takes more of its queue's items, claimed for its cluster:
 first those of its queue's batches still waiting for a worker process, then ready ones through a
 selector round of its own, right after recording the outcomes that freed the capacity, and
@@ -122,7 +122,9 @@ class BatchRun:
         return dict(self.summary)
 
     def _may_top_up(self, free: int, stopping: float | None) -> bool:
-        return bool(not self.pending and stopping is None and self.running and free > 0
+        # Also when every item ended: a batch of quick items goes on with its queue, not back
+        # through django-q2's broker, which would cost a worker's poll per batch.
+        return bool(not self.pending and stopping is None and free > 0
                     and time.monotonic() < self.start_until)
 
     def _step(self, outcomes: list[lifecycle.Outcome], stopping: float | None):
