@@ -182,6 +182,30 @@ class Batch:
     complete: bool = True  # False when READ_LIMIT cut the read short
 
 
+@dataclass
+class Summary:
+    """Matching events a stream did not show: how many of each transition, and when the first
+    and the last of them happened."""
+
+    counts: Counter = field(default_factory=Counter)
+    first_at: datetime | None = None
+    last_at: datetime | None = None
+    more: bool = False  # a catch-up stopped counting at COUNT_LIMIT; there were more
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, events: list[StreamEvent]):
+        if events:
+            self.counts.update(event.transition for event in events)
+            self.span(min(event.at for event in events), max(event.at for event in events))
+
+    def span(self, first: datetime, last: datetime):
+        self.first_at = min(self.first_at or first, first)
+        self.last_at = max(self.last_at or last, last)
+
+
 def _table() -> str:
     return ItemEvent._meta.db_table
 
@@ -272,7 +296,7 @@ def backlog(filters: Filters, hub: Cursor, size: int = BACKLOG_SIZE) -> list[Str
 
 
 def missed(filters: Filters, page: Cursor, hub: Cursor, limit: int
-           ) -> tuple[list[StreamEvent], "Summary | None"]:
+           ) -> tuple[list[StreamEvent], Summary | None]:
     """Matching events the hub has passed but the page has not shown: the newest `limit`, oldest
     first, and a Summary of the older ones counted by transition in SQL (a long absence costs one
     grouped count, not a row each; at most COUNT_LIMIT are counted, the summary says if more)."""
@@ -323,30 +347,6 @@ def position_through(before: Cursor, after: Cursor, event_id: int,
     pending = {i: x for i, x in after.pending.items() if i <= last}
     pending.update({i: before.pending[i] for i in later if i <= last})
     return Cursor(last, pending)
-
-
-@dataclass
-class Summary:
-    """Matching events a stream did not show: how many of each transition, and when the first
-    and the last of them happened."""
-
-    counts: Counter = field(default_factory=Counter)
-    first_at: datetime | None = None
-    last_at: datetime | None = None
-    more: bool = False  # a catch-up stopped counting at COUNT_LIMIT; there were more
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def add(self, events: Iterable[StreamEvent]):
-        for event in events:
-            self.counts[event.transition] += 1
-            self.span(event.at, event.at)
-
-    def span(self, first: datetime, last: datetime):
-        self.first_at = min(self.first_at or first, first)
-        self.last_at = max(self.last_at or last, last)
 
 
 @dataclass(frozen=True)
