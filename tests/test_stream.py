@@ -685,5 +685,9 @@ def test_a_poll_past_the_row_cap_shows_the_newest_rows_and_counts_the_others(que
     assert re.findall(r">(burst-\d+)<", rows) == ["burst-03", "burst-04"]
     assert rows.index("data-summary") < rows.index("burst-03")  # older: below once inserted
     assert 'data-count="3"' in rows and "3 events not shown since the last check" in rows
+    # The link lists the items those events moved: the queue's items updated in those seconds.
+    link = re.search(r'href="(/queues/emails/\?[^"]+)"', rows).group(1).replace("&amp;", "&")
+    listed = client.get(link).content.decode()
+    assert all(f"burst-{i:02d}" in listed for i in range(3))
     after = client.get(f"/queues/emails/stream/rows/?after={position}")["X-Stream-Position"]
     assert Cursor.parse(after).last == newest
