@@ -23,7 +23,8 @@ the web process a render and a write per open stream. A stream therefore shows a
 configured number of rows per SUMMARY_SECONDS (RowCap) and counts the other matching events by
 transition, sent as one Summary when the interval ends; a stream catching up after a disconnect
 counts what it does not show in SQL (missed). Counts are exact, and no position a page is given
-passes an event that was neither shown nor counted.
+passes an event that was neither shown nor counted. While every stream of a process is over its
+cap, the hub reads once per interval instead of once per notification.
 """
 
 import asyncio
@@ -374,11 +375,15 @@ class RowCap:
         self.started = float("-inf")  # when the current interval began
         self.shown = 0  # rows shown in it
 
+    def due(self) -> float:
+        """When the held summary is due (on `clock`), or 0 when nothing is held."""
+        return self.started + self.seconds if self.held.total else 0.0
+
     def wait(self, idle: float) -> float:
         """Seconds to wait for batches: until a held summary is due, else `idle`."""
         if not self.held.total:
             return idle
-        return max(0.0, self.started + self.seconds - self.clock())
+        return max(0.0, self.due() - self.clock())
 
     def take(self, batches: Iterable[Batch]) -> Step:
         summary = None
@@ -386,7 +391,9 @@ class RowCap:
         if now - self.started >= self.seconds:
             if self.held.total:
                 summary, self.held, self.sendable = self.held, Summary(), self.taken
-            self.started, self.shown = now, 0
+            # On a grid, so that the streams of a process end their intervals together and the
+            # hub reads once for all of them (Hub._until_needed).
+            self.started, self.shown = now - now % self.seconds, 0
         rows = []
         for batch in batches:
             fresh, after = advance(self.taken, batch)
@@ -422,6 +429,8 @@ class Subscription:
         self._held = 0
         self._overflowed = False
         self._ready = asyncio.Event()
+        # A stream over its row cap needs no batch before its interval ends (time.monotonic).
+        self.quiet_until = 0.0
 
     def start(self, cursor: Cursor):
         self.cursor = cursor
@@ -458,6 +467,7 @@ class Hub:
         self.cursor: Cursor | None = None
         self.reads = 0
         self._wake = asyncio.Event()
+        self._joined = asyncio.Event()
         self._task: asyncio.Task | None = None
 
     def join(self) -> Subscription:
@@ -465,6 +475,7 @@ class Hub:
         same step as a publication, so no batch falls between its cursor and its first batch."""
         subscription = Subscription()
         self.subscriptions.add(subscription)
+        self._joined.set()
         if self._task is None:
             self._task = asyncio.create_task(self._run())
         elif self.cursor is not None:
@@ -505,6 +516,7 @@ class Hub:
                     timeout = SQLITE_POLL_SECONDS
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
+                await self._until_needed()
                 self._wake.clear()
                 try:
                     batch = await loop.run_in_executor(executor, _closing(read), self.cursor)
@@ -527,6 +539,16 @@ class Hub:
             with contextlib.suppress(Exception):
                 await loop.run_in_executor(executor, close_connection)
             executor.shutdown(wait=False)
+
+    async def _until_needed(self):
+        """While every stream is over its row cap, wait for the first interval to end: one read
+        then serves the whole interval instead of one per notification. A stream that joins
+        ends the wait."""
+        quiet = min((s.quiet_until for s in self.subscriptions), default=0.0) - time.monotonic()
+        if quiet > 0:
+            self._joined.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._joined.wait(), quiet)
 
     async def _listen(self, settings_dict: dict):
         import psycopg

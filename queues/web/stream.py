@@ -279,6 +279,7 @@ async def _event_stream(user_id: int, filters: Filters, page: Cursor | None,
                 yield _sse("notice", "The stream fell behind; reconnecting.")
                 return
             step = cap.take(batches)
+            subscription.quiet_until = cap.due()
             now = time.monotonic()
             if step.rows or step.summary:
                 yield _sse("rows", await rows(step.rows, step.summary, LIVE_SPAN), step.position)
