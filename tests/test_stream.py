@@ -413,6 +413,32 @@ def test_the_hub_reads_nothing_while_every_stream_waits_out_its_interval(queue, 
     run(scenario)
 
 
+def test_a_hub_behind_reads_on_though_every_stream_is_quiet(queue, monkeypatch):
+    subscriptions = []
+    real_read = stream.read
+
+    def read_two(position):
+        batch = real_read(position, limit=2)
+        if batch.events:  # the stream turns quiet after the first batch of the burst
+            subscriptions[0].quiet_until = time.monotonic() + 60
+        return batch
+
+    monkeypatch.setattr(stream, "read", read_two)
+
+    async def scenario():
+        hub = stream.Hub()
+        subscriptions.append(hub.join())
+        await subscriptions[0].started()
+        await sync_to_async(burst_of)(5)
+        seen, deadline = [], time.monotonic() + WAIT
+        while len(seen) < 5 and time.monotonic() < deadline:
+            seen += [e.identifier for b in await subscriptions[0].next(WAIT) for e in b.events]
+        assert seen == [f"burst-{i:02d}" for i in range(5)]
+        hub.unsubscribe(subscriptions[0])
+
+    run(scenario)
+
+
 # --- the SSE view ------------------------------------------------------------------------------
 
 def viewer(username="viewer"):

@@ -509,6 +509,7 @@ class Hub:
             postgres = connection.vendor == "postgresql"
             if postgres:
                 listener = asyncio.create_task(self._listen(connection.settings_dict))
+            behind = False  # the last read stopped at READ_LIMIT
             while True:
                 if postgres:
                     timeout = PENDING_RECHECK_SECONDS if self.cursor.pending else None
@@ -516,7 +517,8 @@ class Hub:
                     timeout = SQLITE_POLL_SECONDS
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
-                await self._until_needed()
+                if not behind:  # a backlog is read on, or the streams' summaries would lag
+                    await self._until_needed()
                 self._wake.clear()
                 try:
                     batch = await loop.run_in_executor(executor, _closing(read), self.cursor)
@@ -530,7 +532,8 @@ class Hub:
                 if batch.events or batch.resolved:
                     for subscription in self.subscriptions:
                         subscription.push(batch)
-                if not batch.complete:
+                behind = not batch.complete
+                if behind:
                     self._wake.set()
                 await asyncio.sleep(COALESCE_SECONDS)
         finally:
