@@ -55,6 +55,7 @@ class Config:
     api_max_payload_bytes: int
     api_max_delay_days: int
     bulk_max_items: int
+    stream_rows_per_second: int
     metrics_token: str
     metrics_allowed_networks: list
     log_format: str
@@ -320,6 +321,11 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         minimum=1,
     )
 
+    stream_rows_per_second = parse_int(
+        "QUEUEADMIN_STREAM_ROWS_PER_SECOND",
+        environ.get("QUEUEADMIN_STREAM_ROWS_PER_SECOND", "30"), minimum=1,
+    )
+
     metrics_token = environ.get("QUEUEADMIN_METRICS_TOKEN", "").strip()
     if metrics_token and len(metrics_token) < METRICS_TOKEN_MIN_LENGTH:
         raise ConfigError(
@@ -371,6 +377,7 @@ def load(environ: os._Environ | dict | None = None) -> Config:
         api_max_payload_bytes=api_max_payload_bytes,
         api_max_delay_days=api_max_delay_days,
         bulk_max_items=bulk_max_items,
+        stream_rows_per_second=stream_rows_per_second,
         metrics_token=metrics_token,
         metrics_allowed_networks=metrics_allowed_networks,
         log_format=log_format,

@@ -200,6 +200,8 @@ QUEUEADMIN = {
     "API_MAX_DELAY_DAYS": CONFIG.api_max_delay_days,
     # The most items one bulk retry or cancel may change.
     "BULK_MAX_ITEMS": CONFIG.bulk_max_items,
+    # A live stream shows at most this many rows a second; past it, a count of the others.
+    "STREAM_ROWS_PER_SECOND": CONFIG.stream_rows_per_second,
     # /metrics: a bearer token, or scrapers from these networks (ipaddress networks).
     "METRICS_TOKEN": CONFIG.metrics_token,
     "METRICS_ALLOWED_NETWORKS": CONFIG.metrics_allowed_networks,

@@ -32,6 +32,9 @@ DEFAULTS = {
     "API_MAX_DELAY_DAYS": 90,
     # The most items one bulk retry or cancel may change.
     "BULK_MAX_ITEMS": 500_000,
+    # A live stream shows at most this many rows a second (nobody reads more); the events past
+    # it are counted by transition and shown as one summary row a second.
+    "STREAM_ROWS_PER_SECOND": 30,
     # /metrics: a bearer token, or scrapers from these networks (ipaddress networks).
     "METRICS_TOKEN": "",
     "METRICS_ALLOWED_NETWORKS": ("127.0.0.0/8", "::1/128"),

@@ -34,6 +34,9 @@ def test_a_few_dashboard_users_while_two_clusters_work(tmp_path, monkeypatch):
         "overview (5 s refresh, htmx): requests"] >= 2
     assert figures["overview (page): p95"] > 0
     assert figures["stream: rows received (all streams)"] > 0
+    # Each summary row counts at least one event the stream did not show as a row.
+    assert figures["stream: events counted in those summaries"] >= figures[
+        "stream: summary rows received (all streams)"]
     for window in ("with users", "without users (both quiet windows)"):
         assert figures[f"throughput {window}"] > 0, out.getvalue()
     for group in ("web", "cluster 1", "cluster 2", "PostgreSQL backends", "locust"):

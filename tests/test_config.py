@@ -94,6 +94,8 @@ def test_admins_need_a_second_factor_in_production_unless_turned_off():
         ({"QUEUEADMIN_API_MAX_BODY_BYTES": "1mb"}, "QUEUEADMIN_API_MAX_BODY_BYTES='1mb'"),
         ({"QUEUEADMIN_API_MAX_PAYLOAD_BYTES": "10"}, "must be at least 64"),
         ({"QUEUEADMIN_API_MAX_DELAY_DAYS": "0"}, "QUEUEADMIN_API_MAX_DELAY_DAYS=0 must be"),
+        ({"QUEUEADMIN_STREAM_ROWS_PER_SECOND": "0"},
+         "QUEUEADMIN_STREAM_ROWS_PER_SECOND=0 must be at least 1"),
         ({"QUEUEADMIN_REQUIRE_TWO_FACTOR_FOR_ADMINS": "sometimes"},
          "QUEUEADMIN_REQUIRE_TWO_FACTOR_FOR_ADMINS='sometimes' is not a boolean"),
     ],
@@ -101,6 +103,11 @@ def test_admins_need_a_second_factor_in_production_unless_turned_off():
 def test_it_refuses_bad_values_naming_the_variable(env, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         load(**env)
+
+
+def test_the_stream_row_cap_comes_from_the_environment():
+    assert load().stream_rows_per_second == 30
+    assert load(QUEUEADMIN_STREAM_ROWS_PER_SECOND="5").stream_rows_per_second == 5
 
 
 def test_postgres_workers_keep_persistent_connections():

@@ -8,6 +8,7 @@ import re
 import threading
 import time
 import zoneinfo
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -17,15 +18,16 @@ from django.db import connection, transaction
 from django.test import AsyncClient, Client
 from django.utils import timezone
 
-from queues import enqueue
+from queues import enqueue, enqueue_many
 from queues.engine import lifecycle, stream
-from queues.engine.stream import Batch, Cursor, Filters
+from queues.engine.stream import Batch, Cursor, Filters, RowCap, Summary
 from queues.models import ItemEvent
 from queues.web import stream as stream_views
 from tests.factories import QueueFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WAIT = 10  # seconds a test waits for a pushed message before failing
+AT = timezone.now().replace(microsecond=0)
 
 
 @pytest.fixture
@@ -40,7 +42,7 @@ def add(n, *, account="acme", prefix="item", queue_key="emails"):
 def event(event_id, **fields):
     values = {"id": event_id, "item_id": event_id, "queue_id": 1, "account": "acme",
               "identifier": f"item-{event_id}", "transition": "enqueued", "from_status": "",
-              "to_status": "queued", "attempt": 0, "at": None, "reason": ""} | fields
+              "to_status": "queued", "attempt": 0, "at": AT, "reason": ""} | fields
     return stream.StreamEvent(**values)
 
 
@@ -94,6 +96,117 @@ def test_a_page_ahead_of_the_hub_is_not_shown_its_events_again():
     assert [e.id for e in fresh] == [15]
 
 
+# --- the row cap ------------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def burst(first_id, transitions):
+    return [event(first_id + n, transition=t) for n, t in enumerate(transitions)]
+
+
+@pytest.mark.django_db(transaction=False)
+def test_below_the_row_cap_every_event_is_a_row_and_nothing_is_summarised():
+    clock = Clock()
+    cap = RowCap(Cursor(10), Filters(), rows=5, clock=clock)
+    step = cap.take([Batch(burst(11, ["enqueued"] * 5), Cursor(15))])
+    assert [e.id for e in step.rows] == [11, 12, 13, 14, 15] and step.summary is None
+    assert step.position == Cursor(15)
+    clock.now += 1
+    assert cap.wait(15) == 15
+    step = cap.take([Batch(burst(16, ["started"] * 5), Cursor(20))])
+    assert len(step.rows) == 5 and step.summary is None and step.position == Cursor(20)
+
+
+@pytest.mark.django_db(transaction=False)
+def test_past_the_row_cap_the_others_are_counted_and_summarised_once_the_second_ends():
+    clock = Clock()
+    cap = RowCap(Cursor(10), Filters(), rows=3, clock=clock)
+    transitions = ["enqueued", "started", "completed"] * 4
+    step = cap.take([Batch(burst(11, transitions[:8]), Cursor(18))])
+    assert [e.id for e in step.rows] == [11, 12, 13] and step.summary is None
+    # The page is told it stands after the rows it was shown, not after the counted events.
+    assert step.position == Cursor(13)
+    clock.now += 0.4
+    assert cap.wait(15) == pytest.approx(0.6)
+    step = cap.take([Batch(burst(19, transitions[8:]), Cursor(22))])
+    assert step.rows == [] and step.summary is None and step.position == Cursor(13)
+    clock.now += 0.6
+    step = cap.take([])
+    assert step.summary.counts == {"enqueued": 3, "started": 3, "completed": 3}
+    assert step.rows == [] and step.position == Cursor(22)
+    clock.now += 0.1
+    step = cap.take([Batch(burst(23, ["failed"]), Cursor(23))])
+    assert [e.id for e in step.rows] == [23] and step.position == Cursor(23)
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_summary_due_with_new_events_comes_before_their_rows():
+    clock = Clock()
+    cap = RowCap(Cursor(0), Filters(), rows=1, clock=clock)
+    cap.take([Batch(burst(1, ["enqueued"] * 3), Cursor(3))])
+    clock.now += 1
+    step = cap.take([Batch(burst(4, ["started"] * 2), Cursor(5))])
+    assert step.summary.counts == {"enqueued": 2}
+    assert [e.id for e in step.rows] == [4] and step.position == Cursor(4)
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_row_cap_counts_only_the_events_its_filters_match():
+    clock = Clock()
+    cap = RowCap(Cursor(0), Filters(account="beta"), rows=1, clock=clock)
+    events = [event(i, account="beta" if i % 2 else "acme", transition="completed")
+              for i in range(1, 11)]
+    step = cap.take([Batch(events, Cursor(10))])
+    assert [e.id for e in step.rows] == [1]
+    clock.now += 1
+    assert cap.take([]).summary.counts == {"completed": 4}
+
+
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.parametrize("rows", range(0, 7))
+def test_a_position_after_the_rows_shown_resumes_with_exactly_the_events_not_shown(rows):
+    """Ids 7 to 9 were pending; 7 and 8 became visible, 9 not yet; 12 is a new gap."""
+    page = Cursor(10, {7: 99, 8: 100, 9: 100})
+    batch = Batch([event(i) for i in (7, 8, 11, 13, 14, 15)], Cursor(15, {12: 101}))
+    fresh, after = stream.advance(page, batch)
+    if rows:
+        cut = stream.position_through(page, after, fresh[rows - 1].id,
+                                      [e.id for e in fresh[rows:]])
+    else:
+        cut = page
+    again, end = stream.advance(cut, batch)
+    assert again == fresh[rows:]
+    assert end == after
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_summary_row_escapes_what_it_counts_and_where_it_links():
+    summary = Summary()
+    summary.add([event(1, transition="<img src=x onerror=alert(1)>"),
+                 event(2, transition="completed"), event(3, transition="completed")])
+    row = stream_views.render_summary(summary, stream_views.LIVE_SPAN, "emails",
+                                      '"><script>alert(2)</script>', show_queue=False)
+    assert "<img" not in row and "<script" not in row
+    assert "&lt;img src=x onerror=alert(1)&gt;" in row
+    assert "3 events not shown in the last second" in row
+    assert "2 completed, 1 &lt;img" in row
+    assert 'data-count="3"' in row and 'colspan="5"' in row
+    link = re.search(r'href="([^"]+)"', row).group(1).replace("&amp;", "&")
+    assert link.startswith("/queues/emails/?") and "clock=updated" in link
+    assert "account=%22%3E%3Cscript%3Ealert%282%29%3C%2Fscript%3E" in link
+    framed = stream_views._sse("rows", stream_views.render_summary(
+        Summary(Counter({"a\r\nevent: x": 2}), AT, AT), stream_views.AWAY_SPAN, None, "",
+        show_queue=True))
+    assert framed.count("\n\n") == 1 and "\nevent: x" not in framed
+    assert 'href="/history/"' in framed
+
+
 # --- reading -----------------------------------------------------------------------------------
 
 def test_read_returns_new_events_in_id_order(queue):
@@ -112,15 +225,28 @@ def test_backlog_is_the_newest_matching_events_oldest_first(queue):
     assert [e.identifier for e in events] == [f"item-{i}" for i in range(10, 60)]
 
 
-def test_missed_is_what_the_page_has_not_shown_newest_kept(queue):
+def test_missed_is_the_newest_the_page_has_not_shown_and_a_count_of_the_older(queue):
     add(2)
     page = stream.start_cursor()
-    add(5, prefix="later")
+    items = add(5, prefix="later")
+    lifecycle.apply("cancel", [items[0].pk, items[1].pk], actor="admin")
     hub = stream.start_cursor()
-    events, more = stream.missed(Filters(), page, hub, limit=3)
-    assert [e.identifier for e in events] == ["later-2", "later-3", "later-4"] and more
-    events, more = stream.missed(Filters(), page, hub)
-    assert len(events) == 5 and not more
+    events, summary = stream.missed(Filters(), page, hub, limit=3)
+    assert [(e.identifier, e.transition) for e in events] == [
+        ("later-4", "enqueued"), ("later-0", "cancelled"), ("later-1", "cancelled")]
+    assert summary.counts == {"enqueued": 4} and not summary.more
+    assert summary.first_at <= summary.last_at <= events[0].at
+    events, summary = stream.missed(Filters(), page, hub, limit=7)
+    assert len(events) == 7 and summary is None
+
+
+def test_a_catch_up_says_when_it_stopped_counting(queue, monkeypatch):
+    page = stream.start_cursor()
+    add(6)
+    monkeypatch.setattr(stream, "COUNT_LIMIT", 3)
+    events, summary = stream.missed(Filters(), page, stream.start_cursor(), limit=2)
+    assert [e.identifier for e in events] == ["item-4", "item-5"]
+    assert summary.counts == {"enqueued": 3} and summary.more
 
 
 def test_filters_select_by_queue_account_status_and_event_type(queue):
@@ -247,6 +373,70 @@ def test_a_transition_notifies_listeners_once_per_transaction(queue):
             lifecycle.apply("cancel", [item.pk for item in items], actor="admin")
         received = list(listener.notifies(timeout=1))
     assert [(n.channel, n.payload) for n in received] == [(stream.CHANNEL, "")]
+
+
+def test_the_hub_reads_nothing_while_every_stream_waits_out_its_interval(queue, monkeypatch):
+    reads = []
+    real_read = stream.read
+    monkeypatch.setattr(stream, "read", lambda position: reads.append(position) or
+                        real_read(position))
+
+    async def scenario():
+        hub = stream.Hub()
+        quiet, eager = hub.join(), hub.join()
+        await quiet.started()
+        await sync_to_async(add)(1, prefix="first")
+        # On PostgreSQL a batch may first give up ids of earlier tests' rolled-back transactions.
+        seen, deadline = [], time.monotonic() + WAIT
+        while "first-0" not in seen and time.monotonic() < deadline:
+            seen += [e.identifier for b in await eager.next(WAIT) for e in b.events]
+        assert seen == ["first-0"]
+        quiet.quiet_until = time.monotonic() + 60
+        eager.quiet_until = time.monotonic() + 1.5
+        before = len(reads)
+        await sync_to_async(add)(1, prefix="quiet")
+        await asyncio.sleep(1)  # SQLite polls twice a second; PostgreSQL is notified at once
+        assert len(reads) == before
+        batches = await eager.next(WAIT)  # once the earliest interval has ended
+        assert [e.identifier for b in batches for e in b.events] == ["quiet-0"]
+        eager.quiet_until = time.monotonic() + 60
+        before = len(reads)
+        await sync_to_async(add)(1, prefix="joined")
+        await asyncio.sleep(0.6)
+        assert len(reads) == before
+        late = hub.join()  # a stream that joins needs its batches now
+        await late.started()
+        assert [e.identifier for b in await late.next(WAIT) for e in b.events] == ["joined-0"]
+        for subscription in (quiet, eager, late):
+            hub.unsubscribe(subscription)
+
+    run(scenario)
+
+
+def test_a_hub_behind_reads_on_though_every_stream_is_quiet(queue, monkeypatch):
+    subscriptions = []
+    real_read = stream.read
+
+    def read_two(position):
+        batch = real_read(position, limit=2)
+        if batch.events:  # the stream turns quiet after the first batch of the burst
+            subscriptions[0].quiet_until = time.monotonic() + 60
+        return batch
+
+    monkeypatch.setattr(stream, "read", read_two)
+
+    async def scenario():
+        hub = stream.Hub()
+        subscriptions.append(hub.join())
+        await subscriptions[0].started()
+        await sync_to_async(burst_of)(5)
+        seen, deadline = [], time.monotonic() + WAIT
+        while len(seen) < 5 and time.monotonic() < deadline:
+            seen += [e.identifier for b in await subscriptions[0].next(WAIT) for e in b.events]
+        assert seen == [f"burst-{i:02d}" for i in range(5)]
+        hub.unsubscribe(subscriptions[0])
+
+    run(scenario)
 
 
 # --- the SSE view ------------------------------------------------------------------------------
@@ -394,6 +584,81 @@ def test_the_stream_shows_only_events_matching_its_filters(queue):
     run(scenario)
 
 
+def cap_rows(settings, rows):
+    settings.QUEUEADMIN = {**settings.QUEUEADMIN, "STREAM_ROWS_PER_SECOND": rows}
+
+
+def burst_of(n, prefix="burst"):
+    """`n` enqueued events in one transaction, so that the hub reads them in one batch."""
+    enqueue_many("emails", [{"account": "acme", "identifier": f"{prefix}-{i:02d}"}
+                            for i in range(n)])
+    return ItemEvent.objects.order_by("-id").values_list("id", flat=True).first()
+
+
+def test_a_burst_past_the_row_cap_arrives_as_rows_then_one_summary_with_exact_counts(
+        queue, settings):
+    cap_rows(settings, 5)
+    user = viewer()
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(user)
+        opened = await open_stream(client, "/queues/emails/stream/events/")
+        await opened.next()  # the backlog, empty
+        newest = await sync_to_async(burst_of)(40)
+        rows = await opened.next()
+        assert identifiers(rows) == [f"burst-{i:02d}" for i in range(5)]
+        assert "data-summary" not in rows["data"]
+        summary = await opened.next()
+        assert summary["event"] == "rows" and identifiers(summary) == []
+        assert 'data-count="35"' in summary["data"]
+        assert "35 events not shown in the last second</strong>: 35 enqueued." in summary["data"]
+        assert Cursor.parse(rows["id"]).last < newest == Cursor.parse(summary["id"]).last
+        await opened.close()
+
+        # Resuming from the rows, as a page that lost its connection before the summary: the
+        # counted events are caught up (the newest as rows, the others counted), none twice.
+        again = Stream(await client.get("/queues/emails/stream/events/",
+                                        headers={"Last-Event-ID": rows["id"]}))
+        await again.next()
+        caught_up = await again.next()
+        assert identifiers(caught_up) == [f"burst-{i:02d}" for i in range(35, 40)]
+        assert 'data-count="30"' in caught_up["data"]
+        assert "30 events not shown while this page was disconnected" in caught_up["data"]
+        assert Cursor.parse(caught_up["id"]).last == Cursor.parse(summary["id"]).last
+        await again.close()
+
+        # Resuming after the summary: nothing again, nothing lost.
+        await sync_to_async(add)(3, prefix="after")
+        resumed = Stream(await client.get("/queues/emails/stream/events/",
+                                          headers={"Last-Event-ID": summary["id"]}))
+        await resumed.next()
+        caught_up = await resumed.next()
+        assert identifiers(caught_up) == ["after-0", "after-1", "after-2"]
+        assert "data-summary" not in caught_up["data"]
+        await resumed.close()
+
+    run(scenario)
+
+
+def test_below_the_row_cap_the_stream_sends_every_row_and_no_summary(queue, settings):
+    cap_rows(settings, 50)
+    user = viewer()
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(user)
+        opened = await open_stream(client, "/queues/emails/stream/events/")
+        await opened.next()
+        await sync_to_async(burst_of)(50)
+        assert identifiers(await opened.next()) == [f"burst-{i:02d}" for i in range(50)]
+        with pytest.raises(TimeoutError):
+            await opened.next(timeout=stream.SUMMARY_SECONDS + 0.5)
+        await opened.close()
+
+    run(scenario)
+
+
 def test_an_idle_stream_sends_heartbeats(queue, monkeypatch):
     monkeypatch.setattr(stream_views, "HEARTBEAT_SECONDS", 0.2)
     user = viewer()
@@ -472,3 +737,21 @@ def test_under_wsgi_the_page_polls_and_says_so(queue):
     assert re.findall(r">(polled-\d)<", rows.content.decode()) == ["polled-0"]
     after = rows["X-Stream-Position"]
     assert client.get(f"/queues/emails/stream/rows/?after={after}").content == b""
+
+
+def test_a_poll_past_the_row_cap_shows_the_newest_rows_and_counts_the_others(queue, settings):
+    cap_rows(settings, 1)  # a poll covers POLL_SECONDS: 2 rows
+    client = Client()
+    client.force_login(viewer())
+    position = stream.start_cursor().encode()
+    newest = burst_of(5)
+    rows = client.get(f"/queues/emails/stream/rows/?after={position}").content.decode()
+    assert re.findall(r">(burst-\d+)<", rows) == ["burst-03", "burst-04"]
+    assert rows.index("data-summary") < rows.index("burst-03")  # older: below once inserted
+    assert 'data-count="3"' in rows and "3 events not shown since the last check" in rows
+    # The link lists the items those events moved: the queue's items updated in those seconds.
+    link = re.search(r'href="(/queues/emails/\?[^"]+)"', rows).group(1).replace("&amp;", "&")
+    listed = client.get(link).content.decode()
+    assert all(f"burst-{i:02d}" in listed for i in range(3))
+    after = client.get(f"/queues/emails/stream/rows/?after={position}")["X-Stream-Position"]
+    assert Cursor.parse(after).last == newest

@@ -18,7 +18,8 @@ Each user acts as a person with the dashboard open would:
 - the first `streams` users also open the queue's live stream page and keep its server-sent
   events open in a greenlet (`/queues/<key>/stream/events/`, the URL the page's EventSource
   reads), reading every event; when the server ends the stream they reconnect after 2 s with
-  Last-Event-ID, as EventSource does.
+  Last-Event-ID, as EventSource does. Event rows and summary rows (the server's count of the
+  events past its row cap) are counted apart, with the events the summaries count.
 
 When the last user has signed in, the statistics are reset (sign-ins and ramp-up are not
 measured), the plan's `ready_file` is written, and locust quits `seconds` later, writing its CSV
@@ -40,6 +41,7 @@ from locust import HttpUser, constant_pacing, events, task
 
 PLAN = json.loads(Path(os.environ["QUEUEADMIN_LOAD_PLAN"]).read_text())
 CSRF_FIELD = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
+SUMMARY_COUNT = re.compile(r'<tr class="stream-summary" data-summary data-count="(\d+)"')
 LOGIN_URL = "/accounts/login/"
 RECONNECT_SECONDS = 2.0  # the stream's `retry:` field
 SIGN_IN_TRIES = 10
@@ -135,7 +137,12 @@ class Operator(HttpUser):
                             elif line.startswith("event: "):
                                 event = line[7:]
                             elif line.startswith("data: ") and event == "rows":
-                                _streams["rows received"] += 1
+                                summary = SUMMARY_COUNT.search(line)
+                                if summary:
+                                    _streams["summary rows received"] += 1
+                                    _streams["events in summaries"] += int(summary.group(1))
+                                else:
+                                    _streams["rows received"] += 1
                             elif not line and event:
                                 _streams[f"'{event}' messages"] += 1
                                 if first and event == "rows":

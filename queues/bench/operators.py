@@ -310,6 +310,10 @@ def run_operators(*, users: int, streams: int, seconds: float, items: int, clust
         if (scratch / "streams.json").exists() else {}
     report.add("stream: rows received (all streams)", stream_counts.get("rows received", 0),
                "rows")
+    report.add("stream: summary rows received (all streams)",
+               stream_counts.get("summary rows received", 0), "rows")
+    report.add("stream: events counted in those summaries",
+               stream_counts.get("events in summaries", 0), "events")
     report.add("stream: ended by the server (reconnected)",
                stream_counts.get("ended by the server", 0), "streams")
 

@@ -17,19 +17,29 @@ fans the batch out to every open stream, so open tabs add no queries of their ow
 connect. PostgreSQL: one LISTEN connection on CHANNEL, NOTIFY without payload from the writing
 transaction (PostgreSQL delivers identical notifications of one transaction once, at commit).
 SQLite: a poll of the event table every SQLITE_POLL_SECONDS.
+
+Readable rates. Past a few dozen rows a second nobody reads a stream, and each row still costs
+the web process a render and a write per open stream. A stream therefore shows at most a
+configured number of rows per SUMMARY_SECONDS (RowCap) and counts the other matching events by
+transition, sent as one Summary when the interval ends; a stream catching up after a disconnect
+counts what it does not show in SQL (missed). Counts are exact, and no position a page is given
+passes an event that was neither shown nor counted. While every stream of a process is over its
+cap, the hub reads once per interval instead of once per notification.
 """
 
 import asyncio
 import contextlib
 import logging
 import threading
+import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import Q
+from django.db.models import Count, Max, Min, Q
 
 from queues.engine.db import from_db_datetime, is_postgres
 from queues.models import ItemEvent
@@ -39,7 +49,8 @@ log = logging.getLogger(__name__)
 CHANNEL = "queueadmin_events"
 BACKLOG_SIZE = 50  # events a new stream starts with
 READ_LIMIT = 1000  # rows per hub read; a longer backlog is read in several steps
-MISSED_LIMIT = 1000  # events a resuming stream catches up; older ones are reported as skipped
+COUNT_LIMIT = 100_000  # events a catch-up counts at most (one grouped count over their ids)
+SUMMARY_SECONDS = 1.0  # a stream over its row cap sends one summary per interval this long
 START_WINDOW = 10_000  # ids below the newest one checked for in-flight transactions at start
 MAX_PENDING = 20_000  # pending ids a position holds at most (START_WINDOW fits with room)
 SQLITE_POLL_SECONDS = 0.5
@@ -172,6 +183,30 @@ class Batch:
     complete: bool = True  # False when READ_LIMIT cut the read short
 
 
+@dataclass
+class Summary:
+    """Matching events a stream did not show: how many of each transition, and when the first
+    and the last of them happened."""
+
+    counts: Counter = field(default_factory=Counter)
+    first_at: datetime | None = None
+    last_at: datetime | None = None
+    more: bool = False  # a catch-up stopped counting at COUNT_LIMIT; there were more
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, events: list[StreamEvent]):
+        if events:
+            self.counts.update(event.transition for event in events)
+            self.span(min(event.at for event in events), max(event.at for event in events))
+
+    def span(self, first: datetime, last: datetime):
+        self.first_at = min(self.first_at or first, first)
+        self.last_at = max(self.last_at or last, last)
+
+
 def _table() -> str:
     return ItemEvent._meta.db_table
 
@@ -261,13 +296,28 @@ def backlog(filters: Filters, hub: Cursor, size: int = BACKLOG_SIZE) -> list[Str
     return _events(newest)[::-1]
 
 
-def missed(filters: Filters, page: Cursor, hub: Cursor,
-           limit: int = MISSED_LIMIT) -> tuple[list[StreamEvent], bool]:
-    """Matching events the hub has passed but the page has not shown, oldest first, at most the
-    newest `limit`; the flag says older ones were left out."""
-    newest = _events(ItemEvent.objects.filter(filters.q() & _seen_by(hub) & _unseen_by(page))
-                     .order_by("-id")[:limit + 1])
-    return newest[:limit][::-1], len(newest) > limit
+def missed(filters: Filters, page: Cursor, hub: Cursor, limit: int
+           ) -> tuple[list[StreamEvent], Summary | None]:
+    """Matching events the hub has passed but the page has not shown: the newest `limit`, oldest
+    first, and a Summary of the older ones counted by transition in SQL (a long absence costs one
+    grouped count, not a row each; at most COUNT_LIMIT are counted, the summary says if more)."""
+    unseen = ItemEvent.objects.filter(filters.q() & _seen_by(hub) & _unseen_by(page))
+    newest = _events(unseen.order_by("-id")[:limit])[::-1]
+    if len(newest) < limit:
+        return newest, None
+    older = unseen.filter(id__lt=newest[0].id)
+    counted = (ItemEvent.objects.filter(id__in=older.order_by("-id").values("id")[:COUNT_LIMIT])
+               .values("transition").order_by()
+               .annotate(n=Count("id"), first=Min("at"), last=Max("at"), low=Min("id")))
+    summary = Summary()
+    for group in counted:
+        summary.counts[group["transition"]] += group["n"]
+        summary.span(group["first"], group["last"])
+    if not summary.total:
+        return newest, None
+    summary.more = (summary.total >= COUNT_LIMIT
+                    and older.filter(id__lt=min(g["low"] for g in counted)).exists())
+    return newest, summary
 
 
 def resume_position(page: Cursor, hub: Cursor) -> Cursor:
@@ -289,6 +339,82 @@ def advance(position: Cursor, batch: Batch) -> tuple[list[StreamEvent], Cursor]:
     return fresh, Cursor(max(position.last, batch.cursor.last), pending)
 
 
+def position_through(before: Cursor, after: Cursor, event_id: int,
+                     later: Iterable[int]) -> Cursor:
+    """Where a stream stands that took a batch (from `before` to `after`) but showed its events
+    only up to `event_id`: the batch's `later` event ids stay to be shown. One of them below
+    before.last was pending there, so it keeps that horizon."""
+    last = max(before.last, event_id)
+    pending = {i: x for i, x in after.pending.items() if i <= last}
+    pending.update({i: before.pending[i] for i in later if i <= last})
+    return Cursor(last, pending)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a stream sends after taking batches: the summary of an interval that ended (its
+    events come before the rows), the rows to show, oldest first, and the position after both."""
+
+    summary: Summary | None
+    rows: list[StreamEvent]
+    position: Cursor
+
+
+class RowCap:
+    """One stream's rows at a readable rate. In each interval of `seconds` the first `rows`
+    matching events are shown; the others are counted and sent as one Summary when the interval
+    ends. Until then the position the stream gives the page stops after the last row shown, so a
+    page that disconnects in between catches those events up instead of losing them."""
+
+    def __init__(self, position: Cursor, filters: Filters, rows: int,
+                 seconds: float = SUMMARY_SECONDS, clock=time.monotonic):
+        self.filters, self.rows, self.seconds, self.clock = filters, rows, seconds, clock
+        self.taken = position  # after every event taken
+        self.sendable = position  # after every event shown or summarised
+        self.held = Summary()
+        self.started = float("-inf")  # when the current interval began
+        self.shown = 0  # rows shown in it
+
+    def due(self) -> float:
+        """When the held summary is due (on `clock`), or 0 when nothing is held."""
+        return self.started + self.seconds if self.held.total else 0.0
+
+    def wait(self, idle: float) -> float:
+        """Seconds to wait for batches: until a held summary is due, else `idle`."""
+        if not self.held.total:
+            return idle
+        return max(0.0, self.due() - self.clock())
+
+    def take(self, batches: Iterable[Batch]) -> Step:
+        summary = None
+        now = self.clock()
+        if now - self.started >= self.seconds:
+            if self.held.total:
+                summary, self.held, self.sendable = self.held, Summary(), self.taken
+            # On a grid, so that the streams of a process end their intervals together and the
+            # hub reads once for all of them (Hub._until_needed).
+            self.started, self.shown = now - now % self.seconds, 0
+        rows = []
+        for batch in batches:
+            fresh, after = advance(self.taken, batch)
+            matching = filter_events(fresh, self.filters)
+            room = self.rows - self.shown
+            if len(matching) <= room and not self.held.total:
+                rows += matching
+                self.shown += len(matching)
+                self.sendable = after
+            else:
+                shown = matching[:room]
+                if shown:
+                    rows += shown
+                    self.shown += len(shown)
+                    self.sendable = position_through(self.taken, after, shown[-1].id,
+                                                     [e.id for e in fresh if e.id > shown[-1].id])
+                self.held.add(matching[len(shown):])
+            self.taken = after
+        return Step(summary, rows, self.sendable)
+
+
 # --- the per-process hub ----------------------------------------------------------------------
 
 class Overflow(Exception):
@@ -303,6 +429,8 @@ class Subscription:
         self._held = 0
         self._overflowed = False
         self._ready = asyncio.Event()
+        # A stream over its row cap needs no batch before its interval ends (time.monotonic).
+        self.quiet_until = 0.0
 
     def start(self, cursor: Cursor):
         self.cursor = cursor
@@ -339,6 +467,7 @@ class Hub:
         self.cursor: Cursor | None = None
         self.reads = 0
         self._wake = asyncio.Event()
+        self._joined = asyncio.Event()
         self._task: asyncio.Task | None = None
 
     def join(self) -> Subscription:
@@ -346,6 +475,7 @@ class Hub:
         same step as a publication, so no batch falls between its cursor and its first batch."""
         subscription = Subscription()
         self.subscriptions.add(subscription)
+        self._joined.set()
         if self._task is None:
             self._task = asyncio.create_task(self._run())
         elif self.cursor is not None:
@@ -379,6 +509,7 @@ class Hub:
             postgres = connection.vendor == "postgresql"
             if postgres:
                 listener = asyncio.create_task(self._listen(connection.settings_dict))
+            behind = False  # the last read stopped at READ_LIMIT
             while True:
                 if postgres:
                     timeout = PENDING_RECHECK_SECONDS if self.cursor.pending else None
@@ -386,6 +517,8 @@ class Hub:
                     timeout = SQLITE_POLL_SECONDS
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
+                if not behind:  # a backlog is read on, or the streams' summaries would lag
+                    await self._until_needed()
                 self._wake.clear()
                 try:
                     batch = await loop.run_in_executor(executor, _closing(read), self.cursor)
@@ -399,7 +532,8 @@ class Hub:
                 if batch.events or batch.resolved:
                     for subscription in self.subscriptions:
                         subscription.push(batch)
-                if not batch.complete:
+                behind = not batch.complete
+                if behind:
                     self._wake.set()
                 await asyncio.sleep(COALESCE_SECONDS)
         finally:
@@ -408,6 +542,16 @@ class Hub:
             with contextlib.suppress(Exception):
                 await loop.run_in_executor(executor, close_connection)
             executor.shutdown(wait=False)
+
+    async def _until_needed(self):
+        """While every stream is over its row cap, wait for the first interval to end: one read
+        then serves the whole interval instead of one per notification. A stream that joins
+        ends the wait."""
+        quiet = min((s.quiet_until for s in self.subscriptions), default=0.0) - time.monotonic()
+        if quiet > 0:
+            self._joined.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._joined.wait(), quiet)
 
     async def _listen(self, settings_dict: dict):
         import psycopg
@@ -494,3 +638,12 @@ slots = StreamSlots()
 
 def filter_events(events: Iterable[StreamEvent], filters: Filters) -> list[StreamEvent]:
     return [event for event in events if filters.matches(event)]
+
+
+def newest(events: list[StreamEvent], limit: int) -> tuple[list[StreamEvent], Summary | None]:
+    """The newest `limit` of `events` (in id order), and a Summary of the others."""
+    if len(events) <= limit:
+        return events, None
+    summary = Summary()
+    summary.add(events[:len(events) - limit])
+    return events[len(events) - limit:], summary

@@ -5,13 +5,16 @@ an async view fed by the per-process hub in queues.engine.stream. Under WSGI a r
 stay open without holding a worker thread, so the page polls `stream_rows` every 2 seconds
 instead and says so. Either way the page keeps its position (a queues.engine.stream.Cursor) in a
 data attribute and sends it back, so that a reconnect, a server restart or a poll shows nothing
-twice and skips nothing.
+twice and skips nothing. Past QUEUEADMIN["STREAM_ROWS_PER_SECOND"] rows a second the other events
+arrive as a summary row that counts them by transition and links to where they can be read.
 """
 
 import re
 import time
 import zoneinfo
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from datetime import timedelta
+from urllib.parse import urlencode
 
 from asgiref.sync import sync_to_async
 from django import forms
@@ -24,8 +27,9 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET
 
+from queues.conf import setting
 from queues.engine import stream
-from queues.engine.stream import Cursor, Filters
+from queues.engine.stream import Cursor, Filters, Summary
 from queues.models import MAX_ACCOUNT_LENGTH, Queue, Status
 from queues.permissions import VIEWER, has_role, render_page, viewer_required
 from queues.templatetags.queueadmin import when
@@ -38,6 +42,11 @@ POSITION_EVERY_SECONDS = 1.0  # position-only messages when a filter hides every
 ROW_CAP = 500  # rows kept in the page; older ones are removed as new ones arrive
 PAUSE_BUFFER = 1000  # rows held while paused; beyond it the oldest are dropped and counted
 POLL_SECONDS = 2
+# What a summary row's events are "not shown" over.
+LIVE_SPAN = "in the last second" if stream.SUMMARY_SECONDS == 1 else \
+    f"in the last {stream.SUMMARY_SECONDS:g} seconds"
+AWAY_SPAN = "while this page was disconnected"
+POLL_SPAN = "since the last check"
 RENDERED_ROWS = 20_000  # rendered rows kept for the other open streams
 _rendered: OrderedDict[tuple[int, bool, str], str] = OrderedDict()
 EVENT_LABELS = {
@@ -102,6 +111,37 @@ def render_rows(events: list[stream.StreamEvent], queue_keys: dict[int, str],
     return "\n".join(rows)
 
 
+def render_summary(summary: Summary, span: str, queue_key: str | None, account: str,
+                   show_queue: bool) -> str:
+    """One escaped table row saying how many events of which transitions were not shown, with a
+    link to read them: the queue's items updated in those seconds, or the history of every
+    queue for the all-queues stream."""
+    labelled = Counter()
+    for transition, count in summary.counts.items():
+        labelled[EVENT_LABELS.get(transition, transition).lower()] += count
+    if queue_key:
+        start = timezone.localtime(summary.first_at).replace(microsecond=0)
+        end = timezone.localtime(summary.last_at).replace(microsecond=0) + timedelta(seconds=1)
+        query = {"clock": "updated", "period": "custom",
+                 "created_from": start.strftime("%Y-%m-%dT%H:%M:%S"),
+                 "created_to": end.strftime("%Y-%m-%dT%H:%M:%S")}
+        if account:
+            query["account"] = account
+        link = reverse("queues:queue_items", args=[queue_key]) + "?" + urlencode(query)
+        link_text = "items updated then"
+    else:
+        link, link_text = reverse("queues:history"), "the history of every queue"
+    return render_to_string("queues/_stream_summary.html", {
+        "count": summary.total, "total": f"{summary.total:,}", "plural": summary.total != 1,
+        "span": span,
+        "more": summary.more, "count_limit": f"{stream.COUNT_LIMIT:,}",
+        "parts": [(f"{count:,}", label) for label, count in labelled.most_common()],
+        "rows_per_second": setting("STREAM_ROWS_PER_SECOND"),
+        "shown_at": when(summary.last_at), "columns": 6 if show_queue else 5,
+        "link": link, "link_text": link_text,
+    }).replace("\n", "")
+
+
 @require_GET
 @viewer_required
 def stream_page(request, key=None):
@@ -139,8 +179,14 @@ def stream_rows(request, key=None):
     if not form.is_valid() or position is None:
         return HttpResponseBadRequest("Bad filters or position.")
     batch = stream.read(position)
-    events = stream.filter_events(batch.events, form.filters(queue))
-    response = HttpResponse(render_rows(events, _queue_keys(), queue is None) if events else "")
+    filters = form.filters(queue)
+    events, summary = stream.newest(stream.filter_events(batch.events, filters),
+                                    setting("STREAM_ROWS_PER_SECOND") * POLL_SECONDS)
+    html = render_rows(events, _queue_keys(), queue is None) if events else ""
+    if summary:
+        html = "\n".join(filter(None, [render_summary(
+            summary, POLL_SPAN, key, filters.account, queue is None), html]))
+    response = HttpResponse(html)
     response["X-Stream-Position"] = batch.cursor.encode()
     response["Cache-Control"] = "no-store"
     return response
@@ -188,61 +234,64 @@ async def stream_events(request, key=None):
     # The request's thread took a database connection for the session and user; hand it back
     # now, or every open stream would hold one (the web process's pool has 20).
     await sync_to_async(stream.close_connection)()
-    events = _event_stream(user.pk, form.filters(queue), page, queue_keys, queue is None,
-                           time_zone)
+    events = _event_stream(user.pk, form.filters(queue), page, queue_keys, key, time_zone)
     return StreamingHttpResponse(events, content_type="text/event-stream", headers={
         "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _event_stream(user_id: int, filters: Filters, page: Cursor | None,
-                        queue_keys: dict[int, str], show_queue: bool, time_zone: str):
+                        queue_keys: dict[int, str], queue_key: str | None, time_zone: str):
+    show_queue = queue_key is None
+    rows_per_second = setting("STREAM_ROWS_PER_SECOND")
     hub = stream.hub()
     subscription = hub.join()
     try:
         hub_cursor = await subscription.started()
         read = sync_to_async(_read_and_close, thread_sensitive=False)
         if page is None:
-            events, skipped = await read(stream.backlog, filters, hub_cursor), False
+            events, summary = await read(stream.backlog, filters, hub_cursor), None
             position = hub_cursor
         else:
-            events, skipped = await read(stream.missed, filters, page, hub_cursor)
+            events, summary = await read(stream.missed, filters, page, hub_cursor,
+                                         rows_per_second)
             position = stream.resume_position(page, hub_cursor)
 
-        async def rows(events):
+        async def rows(events, summary, span):
             unknown = {e.queue_id for e in events} - queue_keys.keys()
             if unknown:  # a queue created after the stream opened
                 queue_keys.update(await read(_queue_keys))
             with timezone.override(_zone(time_zone)):
-                return render_rows(events, queue_keys, show_queue)
+                html = render_rows(events, queue_keys, show_queue)
+                if summary:  # its events came before the rows
+                    html = "\n".join(filter(None, [render_summary(
+                        summary, span, queue_key, filters.account, show_queue), html]))
+            return html
 
         yield f"retry: {RECONNECT_MILLISECONDS}\n\n"
-        if skipped:
-            yield _sse("notice", f"More than {stream.MISSED_LIMIT} events happened while "
-                       "disconnected; only the newest are shown.")
-        yield _sse("rows", await rows(events), position)
+        yield _sse("rows", await rows(events, summary, AWAY_SPAN), position)
+        cap = stream.RowCap(position, filters, rows_per_second)
         last_sent = time.monotonic()
         sent_position = position
         while True:
             try:
-                batches = await subscription.next(HEARTBEAT_SECONDS)
+                batches = await subscription.next(cap.wait(HEARTBEAT_SECONDS))
             except stream.Overflow:
                 yield _sse("notice", "The stream fell behind; reconnecting.")
                 return
-            if not batches:
-                yield ": heartbeat\n\n"
-                continue
-            shown = []
-            for batch in batches:
-                fresh, position = stream.advance(position, batch)
-                shown += stream.filter_events(fresh, filters)
+            step = cap.take(batches)
+            subscription.quiet_until = cap.due()
             now = time.monotonic()
-            if shown:
-                yield _sse("rows", await rows(shown), position)
-            elif position != sent_position and now - last_sent >= POSITION_EVERY_SECONDS:
-                yield _sse("position", position.encode())
+            if step.rows or step.summary:
+                yield _sse("rows", await rows(step.rows, step.summary, LIVE_SPAN), step.position)
+            elif step.position != sent_position and now - last_sent >= POSITION_EVERY_SECONDS:
+                yield _sse("position", step.position.encode())
+            elif now - last_sent >= HEARTBEAT_SECONDS:
+                yield ": heartbeat\n\n"
+                last_sent = now
+                continue
             else:
                 continue
-            last_sent, sent_position = now, position
+            last_sent, sent_position = now, step.position
     finally:
         hub.unsubscribe(subscription)
         stream.slots.release(user_id)

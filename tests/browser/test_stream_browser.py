@@ -23,6 +23,7 @@ from tests.browser.support import (
 )
 
 WAIT_MS = 15_000
+ROWS_PER_SECOND = 5  # the server's row cap; the test posts single items well below it
 
 playwright_sync = playwright_or_skip()
 
@@ -31,7 +32,7 @@ playwright_sync = playwright_or_skip()
 def stream_env(tmp_path_factory):
     """Environment of the server and of the commands run on its database."""
     database = ServerDatabase(tmp_path_factory.mktemp("stream-browser"), "stream")
-    env = database.env()
+    env = database.env() | {"QUEUEADMIN_STREAM_ROWS_PER_SECOND": str(ROWS_PER_SECOND)}
     migrate_and_seed(env)
     yield env
     database.drop()
@@ -65,10 +66,12 @@ def stream_server(stream_env):
 def stream_api(stream_env, stream_server):
     secret = run(stream_env, "manage.py", "create_api_token", "stream-test", "--queue", "emails")
 
-    def post(identifier: str):
+    def post(*identifiers: str):
+        """One item, or several in one request (one transaction: one burst of events)."""
+        items = [{"account": "tenant-9", "identifier": i} for i in identifiers]
         response = requests.post(
             f"{stream_server.url}/api/v1/queues/emails/items",
-            json={"account": "tenant-9", "identifier": identifier},
+            json=items[0] if len(items) == 1 else {"items": items},
             headers={"Authorization": f"Bearer {secret}"}, timeout=10)
         assert response.status_code == 201, response.text
 
@@ -92,7 +95,7 @@ def stream_page(stream_server):
 
 def shown(page) -> list[str]:
     """Identifiers in the table, top (newest) first."""
-    return page.locator("#stream-rows tr td:nth-child(2) a").all_inner_texts()
+    return page.locator("#stream-rows tr[data-event] td:nth-child(2) a").all_inner_texts()
 
 
 def event_ids(page) -> list[str]:
@@ -143,3 +146,26 @@ def test_rows_arrive_in_order_pause_resume_and_survive_a_server_restart(
     assert shown(page) == (new + before)[:len(shown(page))]
     ids = event_ids(page)
     assert len(ids) == len(set(ids)) and ids == sorted(ids, key=int, reverse=True)
+
+
+def test_a_burst_past_the_row_cap_shows_its_first_rows_then_a_row_counting_the_rest(
+        stream_page, stream_server, stream_api):
+    page, expect = stream_page, playwright_sync.expect
+    page.goto(f"{stream_server.url}/queues/emails/stream/")
+    expect(page.locator("#stream-connection")).to_have_text("Live", timeout=WAIT_MS)
+    stream_api(*[f"burst-{n:02d}" for n in range(12)])
+    summary = page.locator("#stream-rows tr.stream-summary").first
+    expect(summary).to_contain_text("7 events not shown in the last second: 7 enqueued.",
+                                    timeout=WAIT_MS)
+    assert page.locator("#stream-rows tr").first.get_attribute("class") == "stream-summary"
+    assert shown(page)[:5] == [f"burst-{n:02d}" for n in range(4, -1, -1)]
+    link = summary.get_by_role("link", name="items updated then")
+    assert "clock=updated" in link.get_attribute("href")
+
+    page.get_by_role("button", name="Freeze view").click()
+    stream_api(*[f"frozen-{n:02d}" for n in range(9)])
+    expect(page.locator("#stream-buffered")).to_have_text("9 new events while frozen",
+                                                         timeout=WAIT_MS)
+    page.get_by_role("button", name="Unfreeze view").click()
+    assert page.locator("#stream-rows tr").first.get_attribute("class") == "stream-summary"
+    assert shown(page)[:5] == [f"frozen-{n:02d}" for n in range(4, -1, -1)]

@@ -14,7 +14,7 @@
   var bufferLimit = parseInt(table.dataset.bufferLimit, 10);
   var paused = false;
   var held = [];
-  var dropped = 0;
+  var dropped = 0;  // events in held rows that were let go
 
   function withPosition(url) {
     var position = table.dataset.position;
@@ -39,12 +39,20 @@
     while (body.rows.length > rowCap) { body.deleteRow(-1); }
   }
 
+  // A summary row (past the server's row cap) stands for the events it counts.
+  function eventsIn(rows) {
+    return rows.reduce(function (sum, row) {
+      return sum + (row.hasAttribute("data-summary") ? parseInt(row.dataset.count, 10) : 1);
+    }, 0);
+  }
+
   function showCount() {
-    if (!paused || (!held.length && !dropped)) {
+    var count = eventsIn(held) + dropped;
+    if (!paused || !count) {
       buffered.textContent = "";
       return;
     }
-    buffered.textContent = (held.length + dropped) + " new events while frozen" +
+    buffered.textContent = count + " new events while frozen" +
       (dropped ? " (" + dropped + " oldest not kept)" : "");
   }
 
@@ -58,7 +66,7 @@
     }
     held = held.concat(rows);
     if (held.length > bufferLimit) {
-      dropped += held.length - bufferLimit;
+      dropped += eventsIn(held.slice(0, held.length - bufferLimit));
       held = held.slice(held.length - bufferLimit);
     }
     showCount();
