@@ -12,6 +12,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+import requests
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import Group, User
 from django.db import connection, transaction
@@ -19,6 +20,7 @@ from django.test import AsyncClient, Client
 from django.utils import timezone
 
 from queues import enqueue, enqueue_many
+from queues.bench import processes
 from queues.engine import lifecycle, stream
 from queues.engine.stream import Batch, Cursor, Filters, RowCap, Summary
 from queues.models import ItemEvent
@@ -694,6 +696,42 @@ def test_open_streams_are_capped_per_user_and_a_closed_one_frees_its_slot(queue,
         assert not stream.hub().subscriptions
 
     run(scenario)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_under_uvicorn_a_stream_whose_client_hangs_up_frees_its_slot():
+    client = Client()
+    client.force_login(viewer())
+    port = processes.free_port()
+    server = processes.start_web(port, env={"DEBUG": "false"})
+
+    def open_stream():
+        session = requests.Session()
+        session.cookies.set("sessionid", client.cookies["sessionid"].value)
+        response = session.get(f"http://127.0.0.1:{port}/stream/events/", stream=True,
+                               timeout=10)
+        if response.status_code == 200:
+            assert response.raw.read(6) == b"retry:"  # running, the connection kept open
+        return session, response
+
+    try:
+        streams = [open_stream() for _ in range(stream_views.MAX_STREAMS_PER_USER)]
+        assert [response.status_code for _, response in streams] == [200] * len(streams)
+        assert open_stream()[1].status_code == 429
+        for session, response in streams:  # the TCP connections close: tabs closed
+            response.close()
+            session.close()
+        # Every slot comes back: the server ended the streams whose clients left.
+        reopened, deadline = 0, time.monotonic() + 10
+        while reopened < len(streams) and time.monotonic() < deadline:
+            if open_stream()[1].status_code == 200:
+                reopened += 1
+            else:
+                time.sleep(0.2)
+        assert reopened == len(streams)
+    finally:
+        processes.stop([server])
 
 
 def test_the_stream_needs_a_signed_in_viewer(queue):
