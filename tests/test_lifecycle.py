@@ -269,38 +269,56 @@ def test_run_now_writes_no_counter_delta_that_changes_nothing(queue):
     assert ItemEvent.objects.filter(transition="run_now").count() == 2
 
 
-def _records(queue):
-    """What a transition wrote, without the parts that differ from run to run."""
+def _records(queue, given=()):
+    """What a transition wrote, without the parts that differ from run to run (times other than
+    the `given` ones)."""
+
+    def label(at):
+        return given.index(at) if at in given else "another time"
+
     events = sorted(ItemEvent.objects.filter(queue=queue).values_list(
         "identifier", "transition", "from_status", "to_status", "attempt", "actor", "reason"))
     deltas = sorted(CounterDelta.objects.filter(queue=queue).values_list("status", "delta"))
-    letters = sorted((identifier, by, at is None) for identifier, by, at in DeadLetter.objects
-                     .filter(queue=queue).values_list("item__identifier", "replayed_by",
-                                                      "replayed_at"))
-    return events, deltas, letters
+    letters = sorted((identifier, reason, error, attempts, by, at is None)
+                     for identifier, reason, error, attempts, by, at in DeadLetter.objects
+                     .filter(queue=queue).values_list("item__identifier", "reason", "last_error",
+                                                      "attempts", "replayed_by", "replayed_at"))
+    attempts = sorted((identifier, number, outcome, error, traceback, worker, str(result),
+                       label(started), label(finished))
+                      for identifier, number, outcome, error, traceback, worker, result, started,
+                      finished in Attempt.objects.filter(item__queue=queue).values_list(
+                          "item__identifier", "number", "outcome", "error", "traceback",
+                          "worker", "result", "started_at", "finished_at"))
+    items = sorted(Item.objects.filter(queue=queue).values_list(
+        "identifier", "status", "attempts", "last_error", "cluster"))
+    return events, deltas, letters, attempts, items
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize(("action", "source"), [
-    (name, source) for name, source in ELIGIBLE
-    if not TRANSITIONS[name].attempt_outcome and not TRANSITIONS[name].dead_letter])
+@pytest.mark.parametrize(("action", "source"), ELIGIBLE)
 def test_postgres_writes_the_same_records_in_one_statement_as_row_by_row(
         queue, monkeypatch, action, source):
-    """On PostgreSQL the simple transitions record in the UPDATE's own statement; the rows it
-    writes must be the ones the general path writes."""
+    """On PostgreSQL every transition records in the UPDATE's own statement (events, deltas,
+    attempts, dead letters); the rows it writes must be the ones the general path writes."""
+    started, finished = timezone.now() - LATER, timezone.now()
     records = []
     for in_sql in (True, False):
         ItemEvent.objects.all().delete()
         CounterDelta.objects.all().delete()
         DeadLetter.objects.all().delete()
+        Attempt.objects.all().delete()
         Item.objects.all().delete()
         items = items_in_status(queue, source, 3, prefix="same")
         ItemEvent.objects.all().delete()
         CounterDelta.objects.all().delete()
+        values = {item.pk: {**VALUES.get(action, {}), "started_at": started,
+                            "finished_at": finished, "result": {"n": n, "text": "<é>"}}
+                  for n, item in enumerate(items)} if action in VALUES else None
         with monkeypatch.context() as patch:
-            patch.setattr(lifecycle, "_records_in_sql", lambda *args, in_sql=in_sql: in_sql)
-            lifecycle.apply(action, [item.pk for item in items], actor=ACTOR, reason="why")
-        records.append(_records(queue))
+            patch.setattr(lifecycle, "_records_in_sql", lambda in_sql=in_sql: in_sql)
+            lifecycle.apply(action, [item.pk for item in items], actor=ACTOR, reason="why",
+                            values=values)
+        records.append(_records(queue, (started, finished)))
     assert records[0] == records[1]
     assert records[0][0]
 

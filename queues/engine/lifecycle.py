@@ -471,7 +471,7 @@ def apply_selected(action: str, selection_sql: str, selection_params: list, *,
     travel to Python and back. A dispatch `claim_for` a cluster (a running batch's top-up) is
     claimed for it as it is dispatched (see `claim`)."""
     transition_ = TRANSITIONS[action]
-    if not _records_in_sql(transition_, {}):
+    if not _records_in_sql():
         with transaction.atomic(savepoint=False):
             with connection.cursor() as cursor:
                 cursor.execute(selection_sql, selection_params)
@@ -591,7 +591,7 @@ def _move(transition_: Transition, ids: list[int], now: datetime, actor: str, re
     try:
         # Only a requeue recovers from an error here, so only it pays for a savepoint.
         with transaction.atomic(savepoint=transition_.name == "requeue"):
-            if _records_in_sql(transition_, values):
+            if _records_in_sql():
                 return _update_recorded(transition_, "id = ANY(%s::bigint[])", [ids], ids, now,
                                         actor, reason, expected_attempts, guard, values=values)
             changed = _update(transition_, ids, now, reason, expected_attempts, values, guard)
@@ -630,8 +630,8 @@ def _changed(row) -> Changed:
                    token=row[7], extra=tuple(row[8:]))
 
 
-def _records_in_sql(transition_: Transition, values: Mapping[int, Mapping]) -> bool:
-    """On PostgreSQL a transition's records are written by the UPDATE's own statement."""
+def _records_in_sql() -> bool:
+    """On PostgreSQL a transition's records are written by its UPDATE's own statement."""
     return is_postgres()
 
 
@@ -749,7 +749,9 @@ def _drop_requeue_duplicates(ids: list[int], result: TransitionResult) -> list[i
 
 def _record(transition_: Transition, changed: list[Changed], now: datetime, actor: str,
             reason: str, values: Mapping[int, Mapping]):
-    """Events, counter deltas, attempts and dead letters of the rows a transition moved."""
+    """SQLite: events, counter deltas, attempts and dead letters of the rows a transition moved,
+    one statement each (PostgreSQL writes them in the UPDATE's, see _update_recorded). Nothing
+    listens for notifications on SQLite: its streams and selector poll."""
     if not changed:
         return
     at = to_db_datetime(now)
@@ -765,7 +767,6 @@ def _record(transition_: Transition, changed: list[Changed], now: datetime, acto
          transition_.target, row.attempts, at, actor, error(row))
         for row in changed
     ])
-    notify_events_written()
     deltas: Counter = Counter()
     for row in changed:
         deltas[(row.queue_id, row.from_status)] -= 1
