@@ -106,7 +106,7 @@ def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None,
             # Under a backlog, a little freed capacity is left to the running batches, which
             # take it at once (worker top-ups); a new batch waits until half a batch is free,
             # so that it is worth a worker task. Decided before planning: the queue's lock is
-            # held meanwhile, and the top-ups wait for it.
+            # held meanwhile, and a top-up that meets it goes without.
             result.skipped = HELD_BACK
             return result
         # Most queues have no account policies: then there is nothing to read.

@@ -155,6 +155,11 @@ class BatchRun:
             self.summary["taken while running"] += len(taken)
         queued = self.pending + [pk for pk, _, _ in taken]
         self.pending = queued[len(started):]
+        # Only items not started yet need their token and attempt (to start or release them):
+        # a batch that goes on with its queue for minutes would otherwise keep every one.
+        for pk in started:
+            self.tokens.pop(pk, None)
+            self.attempts.pop(pk, None)
         if len(rows) < len(started):
             self.summary["stale"] += len(started) - len(rows)
         self._hand_out(rows)
@@ -163,12 +168,15 @@ class BatchRun:
         """One transaction: what is taken is also started, so it never waits dispatched."""
         with transaction.atomic(savepoint=False):
             taken = self._top_up(free) if top_up else []
-            tokens = self.tokens | {pk: token for pk, _, token in taken}
-            attempts = self.attempts | {pk: attempt for pk, attempt, _ in taken}
             started = (self.pending + [pk for pk, _, _ in taken])[:max(0, free)]
+            if not started:
+                return taken, started, []
+            tokens = {pk: token for pk, _, token in taken}
+            attempts = {pk: attempt for pk, attempt, _ in taken}
             rows = lifecycle.start_claimed(
-                started, cluster=self.cluster, expected_attempts=attempts,
-                tokens={tokens[pk] for pk in started if pk in tokens}) if started else []
+                started, cluster=self.cluster,
+                expected_attempts={pk: attempts.get(pk, self.attempts.get(pk)) for pk in started},
+                tokens={tokens.get(pk, self.tokens.get(pk)) for pk in started} - {None})
         return taken, started, rows
 
     def _top_up(self, free: int) -> list[list[int]]:
@@ -199,7 +207,6 @@ class BatchRun:
         return batch
 
     def _guard(self, ids: list[int]) -> tuple[str, list]:
-        # The tokens of these items only: a batch that tops up for minutes holds many.
         return lifecycle.claimed_by(self.cluster, {self.tokens[pk] for pk in ids
                                                    if pk in self.tokens})
 
