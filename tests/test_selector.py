@@ -5,7 +5,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
@@ -25,6 +25,7 @@ from queues.models import (
 )
 from tests.factories import AccountPolicyFactory, QueueFactory
 from tests.flaky_database import failing_statements
+from tests.round_lock import round_lock_held
 
 pytestmark = pytest.mark.django_db
 
@@ -185,23 +186,8 @@ def test_select_command_prints_what_each_round_took(capsys):
 def test_a_concurrent_round_for_the_same_queue_returns_at_once_without_selecting():
     queue = QueueFactory()
     put(queue, "acme", 5)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold_the_round_lock():
-        with transaction.atomic():
-            assert selector._try_lock(queue)
-            holding.set()
-            release.wait(10)
-        connection.close()
-
-    holder = threading.Thread(target=hold_the_round_lock)
-    holder.start()
-    holding.wait(10)
-    try:
+    with round_lock_held(queue):
         assert selector.run_round(queue).skipped == "busy"
-    finally:
-        release.set()
-        holder.join()
     assert selector.run_round(queue).total == 5
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from queues import enqueue_many
@@ -18,6 +18,7 @@ from queues.engine.worker import TOP_UP_SECONDS, BatchRun, run_batch
 from queues.models import Attempt, DeadLetter, Item, ItemEvent, Status
 from tests.factories import QueueFactory
 from tests.flaky_database import failing_statements
+from tests.round_lock import round_lock_held
 
 pytestmark = pytest.mark.django_db
 behaviour = {}
@@ -348,29 +349,16 @@ def test_an_outcome_is_durable_while_another_round_holds_the_queues_lock(gate):
     queue = QueueFactory(handler="test-gated", batch_size=2, concurrency=2)
     batch = dispatched_batch(queue, ["gate-1", "quick-0"])
     enqueue_many(queue.key, [{"account": "acme", "identifier": "quick-1"}])
-    holding, release = threading.Event(), threading.Event()
-
-    def hold_the_round_lock():
-        with transaction.atomic():
-            selector._try_lock(queue)
-            holding.set()
-            release.wait(10)
-        connection.close()
-
-    holder = threading.Thread(target=hold_the_round_lock)
-    holder.start()
-    holding.wait(10)
-    thread, outcome = run_in_thread(queue, batch)
-    try:
-        assert processes.wait_for(lambda: status_of("quick-0") == Status.COMPLETE, 5)
-        assert status_of("quick-1") == Status.QUEUED  # the top-up met the other round
-        release.set()
-        assert processes.wait_for(lambda: status_of("quick-1") == Status.COMPLETE, 5)
-    finally:
-        release.set()
-        gate.set()
-        holder.join(10)
-        thread.join(10)
+    with round_lock_held(queue) as release:
+        thread, outcome = run_in_thread(queue, batch)
+        try:
+            assert processes.wait_for(lambda: status_of("quick-0") == Status.COMPLETE, 5)
+            assert status_of("quick-1") == Status.QUEUED  # the top-up met the other round
+            release.set()
+            assert processes.wait_for(lambda: status_of("quick-1") == Status.COMPLETE, 5)
+        finally:
+            gate.set()
+            thread.join(10)
     assert outcome == {"complete": 3, "taken while running": 1}
 
 
