@@ -90,13 +90,67 @@ def test_it_prunes_finished_items_past_retention_with_their_history():
     queue = QueueFactory(retention_days=60, handler="noop")
     ids = dispatched(queue, 3)
     run_batch(queue.pk, [[pk, 1] for pk in ids])
-    Item.objects.filter(pk__in=ids[:2]).update(finished_at=timezone.now() - timedelta(days=61))
+    long_ago = timezone.now() - timedelta(days=61)
+    Item.objects.filter(pk__in=ids[:2]).update(finished_at=long_ago)
+    ItemEvent.objects.filter(item_id__in=ids[:2]).update(at=long_ago)
     counts = sweeper.run()
     assert counts["items pruned"] == 2
+    assert counts["item events pruned"] == 8  # enqueued, dispatched, started, completed
     assert list(Item.objects.values_list("pk", flat=True)) == ids[2:]
     assert not ItemEvent.objects.filter(item_id__in=ids[:2]).exists()
     assert not Attempt.objects.filter(item_id__in=ids[:2]).exists()
+    assert ItemEvent.objects.filter(item_id=ids[2]).count() == 4
     assert_counters_true(queue)
+
+
+def test_events_go_by_their_own_age_even_of_an_item_still_live():
+    queue = QueueFactory(retention_days=7)
+    [item] = enqueue_many(queue.key, [{"account": "acme", "identifier": "slow"}])
+    pk = item.pk
+    ItemEvent.objects.update(at=timezone.now() - timedelta(days=8))
+    lifecycle.apply("cancel", [pk], actor="user:ops")
+    lifecycle.apply("requeue", [pk], actor="user:ops")
+    counts, _ = sweeper.step()
+    assert counts["item events pruned"] == 1
+    assert list(ItemEvent.objects.filter(item_id=pk).values_list("transition", flat=True)
+                .order_by("id")) == ["cancelled", "requeued"]
+    assert Item.objects.get(pk=pk).status == Status.QUEUED
+
+
+def test_each_queue_keeps_its_events_as_long_as_its_own_retention():
+    short, long = QueueFactory(retention_days=2), QueueFactory(retention_days=30)
+    for queue in (short, long):
+        enqueue_many(queue.key, [{"account": "acme", "identifier": "a"}])
+    ItemEvent.objects.update(at=timezone.now() - timedelta(days=3))
+    counts, more = sweeper.step()
+    assert (counts["item events pruned"], more) == (1, False)
+    assert list(ItemEvent.objects.values_list("queue_id", flat=True)) == [long.pk]
+
+
+def test_a_slow_batch_halves_the_next_and_a_quick_one_doubles_it():
+    size = sweeper.BatchSize(start=400, least=100, most=1000, target_seconds=0.1)
+    size.took(0.25)
+    assert size.size == 200
+    size.took(0.2)
+    size.took(0.2)
+    assert size.size == 100  # never below the least
+    size.took(0.05)  # under the target but not well under it: kept
+    assert size.size == 100
+    for _ in range(5):
+        size.took(0.01)
+    assert size.size == 1000  # never above the most
+
+
+def test_a_pruning_step_says_go_on_while_its_batch_was_full(monkeypatch):
+    queue = QueueFactory(retention_days=1)
+    enqueue_many(queue.key, [{"account": "acme", "identifier": f"i{n}"} for n in range(3)])
+    ItemEvent.objects.update(at=timezone.now() - timedelta(days=2))
+    monkeypatch.setattr(sweeper, "EVENT_BATCH", sweeper.BatchSize(2, least=2, most=2))
+    changed, more = sweeper.step()
+    assert (changed["item events pruned"], more) == (2, True)
+    changed, more = sweeper.step()
+    assert (changed["item events pruned"], more) == (1, False)
+    assert ItemEvent.objects.count() == 0
 
 
 def test_it_keeps_live_items_however_old():

@@ -36,6 +36,16 @@ def test_detail_shows_payload_timeline_attempts_and_traceback(role_client, queue
     assert "Next run (estimated)" in html and "Dead letter if every attempt fails" in html
 
 
+def test_a_timeline_trimmed_by_retention_says_so(role_client, queue):
+    item = item_in_status(queue, "retry")
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert "have been removed" not in html
+    Item.objects.filter(pk=item.pk).update(created_at=timezone.now() - timedelta(days=90))
+    ItemEvent.objects.filter(item=item, transition="enqueued").delete()
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert "Events older than this queue's retention (60 days) have been removed" in html
+
+
 def test_dead_letter_estimate_adds_the_remaining_backoff(queue):
     from queues.web.queries import dead_letter_estimate
 

@@ -103,7 +103,10 @@ def run_retention(*, retention_days: int, minutes: float, selector_queue: str,
     pruned = result["changed"].get("items pruned", 0)
     log(f"retention: {pruned} items pruned in {elapsed:.0f} s, {len(result['steps'])} steps")
     report.add("items pruned", pruned, "items")
-    report.add("events pruned", result["changed"].get("item events pruned", 0), "events")
+    report.add("events deleted row by row", result["changed"].get("item events pruned", 0),
+               "events")
+    report.add("event partitions dropped whole",
+               result["changed"].get("event partitions dropped", 0), "weeks")
     report.add("time to catch up" if result["finished"] else "time (limit reached)",
                elapsed, "s")
     report.add("items pruned per second", pruned / elapsed, "items/s")
@@ -125,7 +128,9 @@ def run_retention(*, retention_days: int, minutes: float, selector_queue: str,
 
 def _size_mb(model) -> float:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_total_relation_size(%s)", [model._meta.db_table])
+        # A partitioned table's own size is 0: its partitions hold the rows.
+        cursor.execute("SELECT COALESCE(SUM(pg_total_relation_size(relid)), 0)::bigint "
+                       "FROM pg_partition_tree(%s)", [model._meta.db_table])
         return cursor.fetchone()[0] / 2**20
 
 

@@ -843,10 +843,11 @@ def finish(queue: Queue, outcomes: Iterable[Outcome], *, worker: str,
     return _settle(queue, list(outcomes), lost=False, worker=worker, actor=actor)
 
 
-def delete_finished(queue_id: int, ids: list[int]) -> Counter:
+def delete_finished(queue_id: int, ids: list[int], *, with_events: bool = True) -> Counter:
     """Delete finished items (retention, or an Admin's purge of dead letters) with their
-    attempts, dead letters and events; the counters lose them in the same transaction. An item
-    that is live again by now is left alone, with its history."""
+    attempts, dead letters and (unless retention removes them by their own age) events; the
+    counters lose them in the same transaction. An item that is live again by now is left
+    alone, with its history."""
     deleted: Counter = Counter()
     if not ids:
         return deleted
@@ -862,7 +863,7 @@ def delete_finished(queue_id: int, ids: list[int]) -> Counter:
             return deleted
         gone_ids = [pk for pk, _ in gone]
         marks = placeholders(len(gone_ids))
-        for model in (Attempt, DeadLetter, ItemEvent):
+        for model in (Attempt, DeadLetter, ItemEvent) if with_events else (Attempt, DeadLetter):
             cursor.execute(f"DELETE FROM {model._meta.db_table} WHERE item_id IN ({marks})",
                            gone_ids)
             deleted[model._meta.verbose_name_plural] += cursor.rowcount
@@ -871,6 +872,23 @@ def delete_finished(queue_id: int, ids: list[int]) -> Counter:
                         timezone.now())
         deleted["items"] += len(gone)
     return deleted
+
+
+def delete_events_before(queue_ids: list[int], before: datetime, limit: int) -> int:
+    """Up to `limit` events of these queues older than `before`, oldest ids first: events are
+    written in time order, so these lie on neighbouring pages (deleting by item instead touched
+    pages all over the table). Returns how many were deleted."""
+    if not queue_ids:
+        return 0
+    table = ItemEvent._meta.db_table
+    moment = to_db_datetime(before)
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        # `at` in the outer condition too: PostgreSQL then looks only in the old partitions.
+        cursor.execute(
+            f"DELETE FROM {table} WHERE at < %s AND (id, at) IN (SELECT id, at FROM {table} "
+            f"WHERE at < %s AND queue_id IN ({placeholders(len(queue_ids))}) ORDER BY id "
+            f"LIMIT %s)", [moment, moment, *queue_ids, limit])
+        return cursor.rowcount
 
 
 def rescue_lost(queue: Queue, attempts: Mapping[int, int], *, actor: str = "sweeper",

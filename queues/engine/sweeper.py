@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queues.engine import account_stats, bulk, counters, heartbeat, lifecycle
+from queues.engine import account_stats, bulk, counters, heartbeat, lifecycle, partitions
 from queues.engine.db import is_postgres, to_db_datetime
 from queues.engine.logfields import item_fields
 from queues.models import (
@@ -53,6 +53,7 @@ def run(seconds: float = 240.0) -> dict[str, int] | None:
             totals.update(changed)
             if not more or time.monotonic() > deadline:
                 break
+        totals["event partitions created"] += len(partitions.ensure_weeks_ahead(started))
         totals["counter deltas folded"] += counters.rollup()
         totals["bulk operations resumed"] += bulk.resume_lost(
             timezone.now() - BULK_STEP_LOST_AFTER)
@@ -75,7 +76,8 @@ def step(now: datetime | None = None) -> tuple[Counter, bool]:
     now = now or timezone.now()
     changed: Counter = Counter()
     more = False
-    for queue in Queue.objects.all():
+    queues = list(Queue.objects.all())
+    for queue in queues:
         for status, timeout in ((Status.DISPATCHED, queue.dispatch_timeout),
                                 (Status.RUNNING, queue.stale_threshold)):
             rescued, full = _rescue(queue, status, now - timeout)
@@ -84,6 +86,9 @@ def step(now: datetime | None = None) -> tuple[Counter, bool]:
         pruned, full = _prune_items(queue, now - timedelta(days=queue.retention_days))
         changed.update(pruned)
         more |= full
+    pruned, full = _prune_events(queues, now)
+    changed.update(pruned)
+    more |= full
     for model, field, age in ((SelectorRound, "started_at", ROUND_RETENTION),
                               (OutcomeMinute, "minute", ROLLUP_RETENTION),
                               (SweepRun, "started_at", RUN_RETENTION)):
@@ -158,17 +163,67 @@ def rescue_silent_clusters(now: datetime | None = None) -> Counter:
     return changed
 
 
+class BatchSize:
+    """How many rows a pruning statement takes: halved after a batch that ran past the target,
+    doubled after one well under it. Rows on cold, scattered pages cost a millisecond each and
+    rows on neighbouring pages a hundredth of that, so no fixed size keeps every statement short
+    without making catching up slow."""
+
+    def __init__(self, start: int, least: int, most: int, target_seconds: float = 0.1):
+        self.size, self.least, self.most, self.target = start, least, most, target_seconds
+
+    def took(self, seconds: float):
+        if seconds > self.target:
+            self.size = max(self.least, self.size // 2)
+        elif seconds < self.target / 3:
+            self.size = min(self.most, self.size * 2)
+
+
+# One per sweeper process: the pace of the last batches is the best guess for the next.
+ITEM_BATCH = BatchSize(start=500, least=20, most=BATCH)
+EVENT_BATCH = BatchSize(start=2000, least=100, most=20_000)
+
+
 def _prune_items(queue: Queue, finished_before: datetime) -> tuple[Counter, bool]:
-    """Finished items past the queue's retention, with their attempts, events and dead
-    letters, a batch at a time."""
+    """Finished items past the queue's retention, with their attempts and dead letters, a
+    batch at a time. Their events go by their own age (_prune_events)."""
+    size = ITEM_BATCH.size
+    started = time.perf_counter()
     ids = list(
         Item.objects.filter(queue=queue, status__in=FINISHED_STATUSES,
                             finished_at__lt=finished_before)
-        .order_by("finished_at").values_list("id", flat=True)[:BATCH]
+        .order_by("finished_at").values_list("id", flat=True)[:size]
     )
-    deleted = lifecycle.delete_finished(queue.pk, ids)
+    deleted = lifecycle.delete_finished(queue.pk, ids, with_events=False)
+    if ids:
+        ITEM_BATCH.took(time.perf_counter() - started)
     changed = Counter({f"{name} pruned": n for name, n in deleted.items()})
-    return changed, len(ids) == BATCH
+    return changed, len(ids) == size
+
+
+def _prune_events(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
+    """Events past their queue's retention. On PostgreSQL a week whose events are all past
+    every queue's retention is dropped whole; the rest (queues kept shorter than the longest,
+    the days of a week not yet all past) are deleted oldest first, a batch per retention."""
+    changed: Counter = Counter()
+    if not queues:
+        return changed, False
+    longest = max(queue.retention_days for queue in queues)
+    changed["event partitions dropped"] += len(
+        partitions.drop_older_than(now - timedelta(days=longest)))
+    by_retention: dict[int, list[int]] = {}
+    for queue in queues:
+        by_retention.setdefault(queue.retention_days, []).append(queue.pk)
+    more = False
+    for days, queue_ids in sorted(by_retention.items()):
+        size = EVENT_BATCH.size
+        started = time.perf_counter()
+        deleted = lifecycle.delete_events_before(queue_ids, now - timedelta(days=days), size)
+        if deleted:
+            EVENT_BATCH.took(time.perf_counter() - started)
+        changed["item events pruned"] += deleted
+        more |= deleted == size
+    return changed, more
 
 
 def _prune_old(model, field: str, before: datetime) -> tuple[int, bool]:

@@ -292,6 +292,8 @@ class ItemDetail:
     next_run: NextRun | None
     dead_letter_at: datetime | None  # if every remaining attempt fails
     result: object = None  # what the completing attempt returned (a task's return value)
+    # Retention removes events by their own age, so a long-lived item loses its oldest ones.
+    history_trimmed: bool = False
 
 
 EVENT_LIMIT = 200
@@ -315,8 +317,11 @@ def item_detail(item: Item, now: datetime) -> ItemDetail:
         dead_at = dead_letter_estimate(queue, item.attempts - 1, now)
     completed = [a for a in attempts if a.outcome == Attempt.Outcome.COMPLETE]
     result = completed[-1].result if completed and item.status == Status.COMPLETE else None
+    trimmed = (item.created_at < now - timedelta(days=queue.retention_days)
+               and (not events or events[0].transition != "enqueued"))
     return ItemDetail(item=item, events=events, attempts=attempts, dead_letters=letters,
-                      next_run=next_run, dead_letter_at=dead_at, result=result)
+                      next_run=next_run, dead_letter_at=dead_at, result=result,
+                      history_trimmed=trimmed)
 
 
 def dead_letter_estimate(queue: Queue, attempts_done: int, next_run: datetime) -> datetime:
