@@ -5,6 +5,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from queues.bench import scenarios as bench
 from queues.engine.fairness import plan_batch
@@ -104,6 +105,33 @@ def test_bench_selector_times_an_already_seeded_queue_without_seeding_another(tm
     assert queue.concurrency >= 1_000_000  # the seeded in-flight items do not hold it back
     assert ItemEvent.objects.filter(actor="bench", transition="requeued",
                                     queue_id=queue.pk).count() == 2 * 60
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_bench_selector_times_rounds_while_real_clusters_work_through_the_backlog(
+        tmp_path, monkeypatch):
+    from queues.bench import seeding
+    from queues.models import Queue
+
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(bench, "WORKING_WARM_UP_SECONDS", 3)
+    queues = [bench.bench_queue("bench-0"), bench.bench_queue("bench-1")]
+    seeding.seed(items=6000, accounts=200, queues=queues)
+    started = timezone.now()
+    out = StringIO()
+    call_command("bench", "selector", "--queue", "bench-1", "--rounds", "20",
+                 "--fairness-rounds", "10", "--working-clusters", "1", stdout=out)
+    figures = {name: value for name, value, _ in json.loads(
+        (tmp_path / "selector.json").read_text())["figures"]}
+    assert figures["bench-1: attempts the clusters ended meanwhile"] > 0
+    assert figures["bench-1: round p95"] > 0
+    assert 0 <= figures["bench-1: rounds the clusters' own round held (not timed)"] < 20
+    # The other queue was paused for the clusters and is working again.
+    assert not Queue.objects.get(key="bench-0").paused
+    bench_0 = Queue.objects.get(key="bench-0")
+    assert not ItemEvent.objects.filter(queue_id=bench_0.pk, transition="dispatched",
+                                        at__gte=started).exists()
 
 
 @pytest.mark.django_db

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from queues.bench import processes, seeding
 from queues.engine import account_stats, counters, fairness, history, lifecycle, selector
-from queues.models import READY_STATUSES, ErrorGroupHour, Item, MetricHour, Queue
+from queues.models import READY_STATUSES, ErrorGroupHour, Item, ItemEvent, MetricHour, Queue
 
 RESULTS_DIR = settings.BASE_DIR / "var" / "bench"
 
@@ -120,17 +120,22 @@ SELECTOR_DATASETS = {
 
 
 # What a timed queue is set to: batches of 60, nothing holding the selector back.
+# Clusters started beside timed rounds reach their pace in a few seconds.
+WORKING_WARM_UP_SECONDS = 5
 SELECTOR_SETTINGS = {"batch_size": 60, "concurrency": 10_000_000, "rate_limit_per_minute": None,
                      "paused": False}
 
 
 def run_selector(*, datasets: list[str], rounds: int, fairness_rounds: int,
-                 queues: list[str] = (), log=print) -> Report:
+                 queues: list[str] = (), working_clusters: int = 0, log=print) -> Report:
     """Round latency on real data, and fairness of plan_batch against the seed's algorithm.
     `queues`: keys of queues already seeded (say by `bench seed --items 10000000`), timed as
-    they are instead of the data sets, which get queues of their own."""
+    they are instead of the data sets, which get queues of their own. `working_clusters`: that
+    many django-q2 clusters work through the timed queues' backlog meanwhile (every other queue
+    paused), so that the rounds compete with real dispatching, starting and finishing."""
     report = Report("selector", {"datasets": ",".join(datasets), "queues": ",".join(queues),
-                                 "rounds": rounds, "fairness_rounds": fairness_rounds})
+                                 "rounds": rounds, "fairness_rounds": fairness_rounds,
+                                 "working_clusters": working_clusters})
     targets = []
     for key in queues:
         queue = Queue.objects.filter(key=key).first()
@@ -148,11 +153,17 @@ def run_selector(*, datasets: list[str], rounds: int, fairness_rounds: int,
         targets.append((name, queue))
     for name, queue in targets:
         _vacuum_items()
-        latencies = _time_rounds(queue, rounds)
+        with _clusters_working(working_clusters, [queue]) as work:
+            latencies = _time_rounds(queue, rounds, keep_tasks=working_clusters > 0)
         log(f"{name}: round p50 {percentile(latencies, 0.5):.1f} ms, "
             f"p95 {percentile(latencies, 0.95):.1f} ms")
         report.add(f"{name}: round p50", percentile(latencies, 0.5), "ms")
         report.add(f"{name}: round p95", percentile(latencies, 0.95), "ms")
+        if working_clusters:
+            report.add(f"{name}: rounds the clusters' own round held (not timed)",
+                       rounds - len(latencies), "rounds")
+            report.add(f"{name}: attempts the clusters ended meanwhile", work.ended_per_second(),
+                       "items/s")
         ready = _ready_per_account(queue)
         for label, plan in (("ours", fairness.plan_batch), ("seed", seed_plan_batch)):
             figures = simulate_fairness(plan, ready, queue.batch_size, fairness_rounds)
@@ -161,10 +172,12 @@ def run_selector(*, datasets: list[str], rounds: int, fairness_rounds: int,
     return report
 
 
-def _time_rounds(queue: Queue, rounds: int) -> list[float]:
+def _time_rounds(queue: Queue, rounds: int, keep_tasks: bool = False) -> list[float]:
     """Milliseconds per selector round (demand, plan, claim, dispatch, cursor, task row). Each
     round's items are put back to ready afterwards, untimed, so every round sees the same
-    backlog; the bench's worker tasks are deleted at the end."""
+    backlog; the bench's worker tasks are deleted at the end, unless clusters are working
+    (they take those tasks, and the attempt fence refuses them). A round that found the queue's
+    lock held by a cluster's round did nothing and is not timed."""
     from django_q.models import OrmQ
 
     first_task = OrmQ.objects.order_by("-id").values_list("id", flat=True).first() or 0
@@ -172,12 +185,47 @@ def _time_rounds(queue: Queue, rounds: int) -> list[float]:
     for _ in range(rounds):
         started = time.perf_counter()
         result = selector.run_round(queue)
-        latencies.append((time.perf_counter() - started) * 1000)
+        if result.skipped != selector.BUSY:
+            latencies.append((time.perf_counter() - started) * 1000)
         lifecycle.apply("cancel", result.item_ids, actor="bench")
         lifecycle.apply("requeue", result.item_ids, actor="bench")
         counters.rollup()  # the sweeper's job in production
-    OrmQ.objects.filter(id__gt=first_task).delete()
+    if not keep_tasks:
+        OrmQ.objects.filter(id__gt=first_task).delete()
     return latencies
+
+
+class _clusters_working:
+    """`count` clusters (DEBUG off) working through `queues`, every other queue paused, for the
+    length of the block; ended_per_second() says how fast they went meanwhile."""
+
+    def __init__(self, count: int, queues: list[Queue]):
+        self.count, self.queues = count, queues
+
+    def __enter__(self):
+        from queues.bench.workload import _start_and_wait
+
+        self.paused, self.clusters = [], []
+        if self.count:
+            self.paused = list(Queue.objects.filter(paused=False).exclude(
+                pk__in=[q.pk for q in self.queues]).values_list("pk", flat=True))
+            Queue.objects.filter(pk__in=self.paused).update(paused=True)
+            self.clusters = _start_and_wait(self.count, env={"DEBUG": "false"})
+            time.sleep(WORKING_WARM_UP_SECONDS)
+        self.window = [timezone.now(), None]
+        return self
+
+    def __exit__(self, *exc):
+        self.window[1] = timezone.now()
+        processes.stop_clusters(self.clusters)
+        Queue.objects.filter(pk__in=self.paused).update(paused=False)
+
+    def ended_per_second(self) -> float:
+        start, end = self.window
+        ended = ItemEvent.objects.filter(
+            queue__in=self.queues, at__gte=start, at__lt=end,
+            transition__in=("completed", "retry_scheduled", "failed")).count()
+        return ended / max((end - start).total_seconds(), 1e-9)
 
 
 def _vacuum_items():

@@ -35,6 +35,9 @@ class Command(BaseCommand):
                                  "bench-0 after bench seed --items 10000000; sets its batch "
                                  "to 60 and lifts its concurrency and rate limits")
         select.add_argument("--rounds", type=int, default=200)
+        select.add_argument("--working-clusters", type=int, default=0,
+                            help="clusters working through the timed queues' backlog meanwhile "
+                                 "(every other queue paused)")
         select.add_argument("--fairness-rounds", type=int, default=500)
         planner = scenarios.add_parser(
             "planner", help="plan_batch alone on 10k and 100k backlogged accounts (p50/p95).")
@@ -137,7 +140,8 @@ class Command(BaseCommand):
             try:
                 report = bench.run_selector(
                     datasets=datasets, queues=options["queue"], rounds=options["rounds"],
-                    fairness_rounds=options["fairness_rounds"], log=self.stdout.write)
+                    fairness_rounds=options["fairness_rounds"],
+                    working_clusters=options["working_clusters"], log=self.stdout.write)
             except ValueError as exc:
                 raise CommandError(str(exc)) from exc
         elif scenario == "planner":
