@@ -248,6 +248,13 @@ class Item(models.Model):
                 condition=Q(status__in=IN_FLIGHT_STATUSES),
                 name="item_in_flight_idx",
             ),
+            # Rescue of the items a cluster held when it stopped beating, without a queue.
+            # Built concurrently by migration 0026, and only on PostgreSQL.
+            models.Index(
+                fields=["cluster"],
+                condition=Q(status__in=IN_FLIGHT_STATUSES),
+                name="item_in_flight_cluster_idx",
+            ),
             # Sweeper retention pruning: finished items by finish time.
             models.Index(
                 fields=["queue", "finished_at"],

@@ -181,7 +181,7 @@ def test_a_step_says_whether_to_go_on_at_once(monkeypatch):
     queue = QueueFactory()
     ids = dispatched(queue, 3)
     age(ids, hours=1)
-    monkeypatch.setattr(sweeper, "BATCH", 2)
+    monkeypatch.setattr(sweeper, "RESCUE_BATCH", sweeper.BatchSize(2, least=2, most=2))
     changed, more = sweeper.step()
     assert (changed["dispatched items lost, retried"], more) == (2, True)
     changed, more = sweeper.step()

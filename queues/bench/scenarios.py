@@ -22,7 +22,16 @@ from django.utils import timezone
 
 from queues.bench import processes, seeding
 from queues.engine import account_stats, counters, fairness, history, lifecycle, selector
-from queues.models import READY_STATUSES, ErrorGroupHour, Item, ItemEvent, MetricHour, Queue
+from queues.models import (
+    IN_FLIGHT_STATUSES,
+    READY_STATUSES,
+    ErrorGroupHour,
+    Item,
+    ItemEvent,
+    MetricHour,
+    Queue,
+    SelectorRound,
+)
 
 RESULTS_DIR = settings.BASE_DIR / "var" / "bench"
 
@@ -120,22 +129,25 @@ SELECTOR_DATASETS = {
 
 
 # What a timed queue is set to: batches of 60, nothing holding the selector back.
-# Clusters started beside timed rounds reach their pace in a few seconds.
+# Clusters just started reach their pace in a few seconds; that is not measured.
 WORKING_WARM_UP_SECONDS = 5
+DEFAULT_CONCURRENCY = Queue._meta.get_field("concurrency").default
 SELECTOR_SETTINGS = {"batch_size": 60, "concurrency": 10_000_000, "rate_limit_per_minute": None,
                      "paused": False}
 
 
 def run_selector(*, datasets: list[str], rounds: int, fairness_rounds: int,
-                 queues: list[str] = (), working_clusters: int = 0, log=print) -> Report:
+                 queues: list[str] = (), working_clusters: int = 0,
+                 working_seconds: float = 60, log=print) -> Report:
     """Round latency on real data, and fairness of plan_batch against the seed's algorithm.
     `queues`: keys of queues already seeded (say by `bench seed --items 10000000`), timed as
     they are instead of the data sets, which get queues of their own. `working_clusters`: that
-    many django-q2 clusters work through the timed queues' backlog meanwhile (every other queue
-    paused), so that the rounds compete with real dispatching, starting and finishing."""
+    many django-q2 clusters work through each queue's backlog for `working_seconds` instead,
+    and the figures are the rounds their selector ran meanwhile."""
     report = Report("selector", {"datasets": ",".join(datasets), "queues": ",".join(queues),
                                  "rounds": rounds, "fairness_rounds": fairness_rounds,
-                                 "working_clusters": working_clusters})
+                                 "working_clusters": working_clusters,
+                                 "working_seconds": working_seconds})
     targets = []
     for key in queues:
         queue = Queue.objects.filter(key=key).first()
@@ -153,17 +165,16 @@ def run_selector(*, datasets: list[str], rounds: int, fairness_rounds: int,
         targets.append((name, queue))
     for name, queue in targets:
         _vacuum_items()
-        with _clusters_working(working_clusters, [queue]) as work:
-            latencies = _time_rounds(queue, rounds, keep_tasks=working_clusters > 0)
+        if working_clusters:
+            latencies, ended = _rounds_while_working(queue, working_clusters, working_seconds)
+            report.add(f"{name}: rounds the clusters ran", len(latencies), "rounds")
+            report.add(f"{name}: attempts the clusters ended", ended, "items/s")
+        else:
+            latencies = _time_rounds(queue, rounds)
         log(f"{name}: round p50 {percentile(latencies, 0.5):.1f} ms, "
             f"p95 {percentile(latencies, 0.95):.1f} ms")
         report.add(f"{name}: round p50", percentile(latencies, 0.5), "ms")
         report.add(f"{name}: round p95", percentile(latencies, 0.95), "ms")
-        if working_clusters:
-            report.add(f"{name}: rounds the clusters' own round held (not timed)",
-                       rounds - len(latencies), "rounds")
-            report.add(f"{name}: attempts the clusters ended meanwhile", work.ended_per_second(),
-                       "items/s")
         ready = _ready_per_account(queue)
         for label, plan in (("ours", fairness.plan_batch), ("seed", seed_plan_batch)):
             figures = simulate_fairness(plan, ready, queue.batch_size, fairness_rounds)
@@ -172,12 +183,10 @@ def run_selector(*, datasets: list[str], rounds: int, fairness_rounds: int,
     return report
 
 
-def _time_rounds(queue: Queue, rounds: int, keep_tasks: bool = False) -> list[float]:
+def _time_rounds(queue: Queue, rounds: int) -> list[float]:
     """Milliseconds per selector round (demand, plan, claim, dispatch, cursor, task row). Each
     round's items are put back to ready afterwards, untimed, so every round sees the same
-    backlog; the bench's worker tasks are deleted at the end, unless clusters are working
-    (they take those tasks, and the attempt fence refuses them). A round that found the queue's
-    lock held by a cluster's round did nothing and is not timed."""
+    backlog; the bench's worker tasks are deleted at the end."""
     from django_q.models import OrmQ
 
     first_task = OrmQ.objects.order_by("-id").values_list("id", flat=True).first() or 0
@@ -185,47 +194,46 @@ def _time_rounds(queue: Queue, rounds: int, keep_tasks: bool = False) -> list[fl
     for _ in range(rounds):
         started = time.perf_counter()
         result = selector.run_round(queue)
-        if result.skipped != selector.BUSY:
-            latencies.append((time.perf_counter() - started) * 1000)
+        latencies.append((time.perf_counter() - started) * 1000)
         lifecycle.apply("cancel", result.item_ids, actor="bench")
         lifecycle.apply("requeue", result.item_ids, actor="bench")
         counters.rollup()  # the sweeper's job in production
-    if not keep_tasks:
-        OrmQ.objects.filter(id__gt=first_task).delete()
+    OrmQ.objects.filter(id__gt=first_task).delete()
     return latencies
 
 
-class _clusters_working:
-    """`count` clusters (DEBUG off) working through `queues`, every other queue paused, for the
-    length of the block; ended_per_second() says how fast they went meanwhile."""
+def _rounds_while_working(queue: Queue, clusters: int, seconds: float) -> tuple[list[float],
+                                                                                float]:
+    """Real clusters (DEBUG off) work through the queue's backlog for `seconds`, every other
+    queue paused; returns the durations their selector recorded for the rounds that took
+    items in that window, and the attempts that ended per second. The queue gets the default
+    concurrency's 100 free slots beside the seed's dispatched and running items, which no
+    cluster holds and which would otherwise fill it."""
+    from queues.bench.workload import _start_and_wait
 
-    def __init__(self, count: int, queues: list[Queue]):
-        self.count, self.queues = count, queues
-
-    def __enter__(self):
-        from queues.bench.workload import _start_and_wait
-
-        self.paused, self.clusters = [], []
-        if self.count:
-            self.paused = list(Queue.objects.filter(paused=False).exclude(
-                pk__in=[q.pk for q in self.queues]).values_list("pk", flat=True))
-            Queue.objects.filter(pk__in=self.paused).update(paused=True)
-            self.clusters = _start_and_wait(self.count, env={"DEBUG": "false"})
-            time.sleep(WORKING_WARM_UP_SECONDS)
-        self.window = [timezone.now(), None]
-        return self
-
-    def __exit__(self, *exc):
-        self.window[1] = timezone.now()
-        processes.stop_clusters(self.clusters)
-        Queue.objects.filter(pk__in=self.paused).update(paused=False)
-
-    def ended_per_second(self) -> float:
-        start, end = self.window
-        ended = ItemEvent.objects.filter(
-            queue__in=self.queues, at__gte=start, at__lt=end,
-            transition__in=("completed", "retry_scheduled", "failed")).count()
-        return ended / max((end - start).total_seconds(), 1e-9)
+    others = list(Queue.objects.filter(paused=False).exclude(pk=queue.pk)
+                  .values_list("pk", flat=True))
+    Queue.objects.filter(pk__in=others).update(paused=True)
+    held = Item.objects.filter(queue=queue, status__in=IN_FLIGHT_STATUSES).count()
+    Queue.objects.filter(pk=queue.pk).update(concurrency=held + DEFAULT_CONCURRENCY)
+    running = []
+    try:
+        running = _start_and_wait(clusters, env={"DEBUG": "false"})
+        time.sleep(WORKING_WARM_UP_SECONDS)
+        start = timezone.now()
+        time.sleep(seconds)
+        end = timezone.now()
+    finally:
+        processes.stop_clusters(running)
+        Queue.objects.filter(pk__in=others).update(paused=False)
+        Queue.objects.filter(pk=queue.pk).update(concurrency=SELECTOR_SETTINGS["concurrency"])
+    durations = list(SelectorRound.objects.filter(
+        queue=queue, started_at__gte=start, started_at__lt=end, taken__gt=0)
+        .values_list("duration_ms", flat=True))
+    ended = ItemEvent.objects.filter(
+        queue_id=queue.pk, at__gte=start, at__lt=end,
+        transition__in=("completed", "retry_scheduled", "failed")).count()
+    return durations, ended / (end - start).total_seconds()
 
 
 def _vacuum_items():

@@ -103,13 +103,16 @@ def step(now: datetime | None = None) -> tuple[Counter, bool]:
 
 def _rescue(queue: Queue, status: str, older_than: datetime) -> tuple[Counter, bool]:
     """Items stuck dispatched or running: their attempt counts, then retry or dead letter."""
+    size = RESCUE_BATCH.size
+    started = time.perf_counter()
     stuck = dict(
         Item.objects.filter(queue=queue, status=status, updated_at__lt=older_than)
-        .order_by("updated_at").values_list("id", "attempts")[:BATCH]
+        .order_by("updated_at").values_list("id", "attempts")[:size]
     )
     changed: Counter = Counter()
     if stuck:
         results = lifecycle.rescue_lost(queue, stuck)  # one transaction for the whole batch
+        RESCUE_BATCH.took(time.perf_counter() - started)
         for kind, result in results.items():
             changed[f"{status} items lost, {'retried' if kind == 'retry' else 'failed'}"] += len(
                 result.changed)
@@ -118,7 +121,7 @@ def _rescue(queue: Queue, status: str, older_than: datetime) -> tuple[Counter, b
                             "retry scheduled" if kind == "retry" else "dead-lettered",
                             extra=item_fields(queue.key, row.id, row.account,
                                               attempt=row.attempts))
-    return changed, len(stuck) == BATCH
+    return changed, len(stuck) == size
 
 
 def rescue_silent_clusters(now: datetime | None = None) -> Counter:
@@ -180,6 +183,7 @@ class BatchSize:
 
 
 # One per sweeper process: the pace of the last batches is the best guess for the next.
+RESCUE_BATCH = BatchSize(start=500, least=20, most=BATCH)
 ITEM_BATCH = BatchSize(start=500, least=20, most=BATCH)
 EVENT_BATCH = BatchSize(start=2000, least=100, most=20_000)
 

@@ -12,9 +12,10 @@ key in the primary key.
 Backwards copies every event into a plain table again: on a big installation that takes minutes.
 """
 
+import time
 from datetime import UTC, datetime
 
-from django.db import migrations, transaction
+from django.db import OperationalError, migrations, transaction
 
 from queues.engine import partitions
 
@@ -22,6 +23,8 @@ TABLE = partitions.TABLE
 LEGACY = f"{TABLE}_legacy"
 RANGE_CHECK = f"{LEGACY}_range"
 LEGACY_KEY = f"{LEGACY}_pkey"
+SWAP_ATTEMPTS = 30
+SWAP_LOCK_TIMEOUT = "2s"
 
 
 def forwards(apps, schema_editor):
@@ -42,8 +45,18 @@ def forwards(apps, schema_editor):
             cursor.execute(f"ALTER TABLE {TABLE} VALIDATE CONSTRAINT {RANGE_CHECK}")
             cursor.execute(f"DROP INDEX IF EXISTS {LEGACY_KEY}")
             cursor.execute(f"CREATE UNIQUE INDEX CONCURRENTLY {LEGACY_KEY} ON {TABLE} (id, at)")
-        with transaction.atomic(using=connection.alias):
-            _swap(cursor, has_rows, now, cutoff)
+        for attempt in range(SWAP_ATTEMPTS):
+            try:
+                with transaction.atomic(using=connection.alias):
+                    # Waiting behind a long transaction would hold every transition up
+                    # behind this lock: give up quickly and try again.
+                    cursor.execute(f"SET LOCAL lock_timeout = '{SWAP_LOCK_TIMEOUT}'")
+                    _swap(cursor, has_rows, now, cutoff)
+                return
+            except OperationalError:
+                if attempt == SWAP_ATTEMPTS - 1:
+                    raise
+                time.sleep(1)
 
 
 def _swap(cursor, attach: bool, now: datetime, cutoff: datetime):

@@ -36,8 +36,10 @@ class Command(BaseCommand):
                                  "to 60 and lifts its concurrency and rate limits")
         select.add_argument("--rounds", type=int, default=200)
         select.add_argument("--working-clusters", type=int, default=0,
-                            help="clusters working through the timed queues' backlog meanwhile "
-                                 "(every other queue paused)")
+                            help="instead of timing rounds here, let this many clusters work "
+                                 "through the queue's backlog (every other queue paused) and "
+                                 "report the rounds their selector ran")
+        select.add_argument("--working-seconds", type=float, default=60)
         select.add_argument("--fairness-rounds", type=int, default=500)
         planner = scenarios.add_parser(
             "planner", help="plan_batch alone on 10k and 100k backlogged accounts (p50/p95).")
@@ -141,7 +143,8 @@ class Command(BaseCommand):
                 report = bench.run_selector(
                     datasets=datasets, queues=options["queue"], rounds=options["rounds"],
                     fairness_rounds=options["fairness_rounds"],
-                    working_clusters=options["working_clusters"], log=self.stdout.write)
+                    working_clusters=options["working_clusters"],
+                    working_seconds=options["working_seconds"], log=self.stdout.write)
             except ValueError as exc:
                 raise CommandError(str(exc)) from exc
         elif scenario == "planner":
