@@ -4,14 +4,15 @@ upgrade applies it. A migration that rewrote a big table or scanned it under a l
 here as seconds or minutes. Unapplying a migration that created a table drops the table with
 its rows: run this on a copy of a production database, never on the database itself."""
 
+import threading
 import time
 
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.db.migrations.loader import MigrationLoader
 
 from queues.bench.scenarios import Report
-from queues.models import Item
+from queues.models import Item, ItemEvent
 
 APP = "queues"
 
@@ -39,12 +40,45 @@ def run_migrations(*, count: int, log=print) -> Report:
         log(f"unapplied {names[index]} in {seconds:.2f} s")
         report.add(f"{names[index]} backwards", seconds, "s")
     for name in names:
-        seconds = _timed_migrate(name)
-        log(f"applied {name} in {seconds:.2f} s")
+        with _WriteProbe() as probe:
+            seconds = _timed_migrate(name)
+        log(f"applied {name} in {seconds:.2f} s; a write waited at most {probe.longest:.0f} ms")
         report.add(f"{name} forwards", seconds, "s")
+        report.add(f"{name} forwards: longest wait of a write", probe.longest, "ms")
     report.notes.append("Forwards is what an upgrade runs; every one of them must be safe while "
                         "the previous release keeps running (docs/deploy.md).")
     return report
+
+
+class _WriteProbe:
+    """While a migration runs, another connection takes the lock every write to the items and
+    events tables takes (ROW EXCLUSIVE) every 20 ms and keeps the longest wait: a migration
+    that locks either table for long shows here, whatever it did under the lock."""
+
+    def __init__(self):
+        self.longest = 0.0
+        self.done = threading.Event()
+
+    def _run(self):
+        tables = f"{Item._meta.db_table}, {ItemEvent._meta.db_table}"
+        try:
+            while not self.done.is_set():
+                started = time.perf_counter()
+                with transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute(f"LOCK TABLE {tables} IN ROW EXCLUSIVE MODE")
+                self.longest = max(self.longest, (time.perf_counter() - started) * 1000)
+                self.done.wait(0.02)
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self._run, name="write-probe")
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
 
 
 def _timed_migrate(target: str) -> float:
