@@ -109,7 +109,7 @@ def test_bench_selector_times_an_already_seeded_queue_without_seeding_another(tm
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_bench_selector_times_rounds_while_real_clusters_work_through_the_backlog(
+def test_bench_selector_reports_the_rounds_real_clusters_ran_working_through_the_backlog(
         tmp_path, monkeypatch):
     from queues.bench import seeding
     from queues.models import Queue
