@@ -127,25 +127,37 @@ def test_each_queue_keeps_its_events_as_long_as_its_own_retention():
     assert list(ItemEvent.objects.values_list("queue_id", flat=True)) == [long.pk]
 
 
-def test_a_slow_batch_halves_the_next_and_a_quick_one_doubles_it():
+def test_a_slow_batch_halves_the_next_and_a_quick_one_grows_it_by_a_quarter():
     size = sweeper.BatchSize(start=400, least=100, most=1000, target_seconds=0.1)
     size.took(0.25)
     assert size.size == 200
     size.took(0.2)
     size.took(0.2)
     assert size.size == 100  # never below the least
-    size.took(0.05)  # under the target but not well under it: kept
+    size.took(0.07)  # under the target but not well under it: kept
     assert size.size == 100
-    for _ in range(5):
+    size.took(0.01)
+    assert size.size == 125
+    for _ in range(10):
         size.took(0.01)
     assert size.size == 1000  # never above the most
 
 
-def test_a_pruning_step_says_go_on_while_its_batch_was_full(monkeypatch):
+def test_a_step_deletes_event_batches_back_to_back_while_its_time_lasts(monkeypatch):
+    queue = QueueFactory(retention_days=1)
+    enqueue_many(queue.key, [{"account": "acme", "identifier": f"i{n}"} for n in range(5)])
+    ItemEvent.objects.update(at=timezone.now() - timedelta(days=2))
+    monkeypatch.setattr(sweeper, "EVENT_BATCH", sweeper.BatchSize(2, least=2, most=2))
+    changed, more = sweeper.step()
+    assert (changed["item events pruned"], more) == (5, False)
+
+
+def test_a_pruning_step_says_go_on_when_its_time_ran_out_on_a_full_batch(monkeypatch):
     queue = QueueFactory(retention_days=1)
     enqueue_many(queue.key, [{"account": "acme", "identifier": f"i{n}"} for n in range(3)])
     ItemEvent.objects.update(at=timezone.now() - timedelta(days=2))
     monkeypatch.setattr(sweeper, "EVENT_BATCH", sweeper.BatchSize(2, least=2, most=2))
+    monkeypatch.setattr(sweeper, "EVENT_SECONDS_PER_STEP", 0)
     changed, more = sweeper.step()
     assert (changed["item events pruned"], more) == (2, True)
     changed, more = sweeper.step()
