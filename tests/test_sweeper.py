@@ -292,3 +292,15 @@ def test_nobody_is_declared_silent_right_after_the_database_restarted():
                                     beat_at=restarted - timedelta(seconds=60))
     assert heartbeat.silent_clusters(restarted + timedelta(seconds=30)) == []
     assert heartbeat.silent_clusters(restarted + timedelta(seconds=60)) == ["host:14"]
+
+
+@pytest.mark.postgres
+def test_retention_deletes_commit_without_waiting_for_the_flush_and_nothing_else_does():
+    def synchronous_commit():
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            return cursor.fetchone()[0]
+
+    with sweeper._deleting():
+        assert synchronous_commit() == "off"
+    assert synchronous_commit() == "on"

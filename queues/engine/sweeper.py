@@ -10,6 +10,7 @@ the lifecycle (fenced by attempt number) and pruning deletes by id.
 import logging
 import time
 from collections import Counter
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -185,9 +186,10 @@ class BatchSize:
 
 
 # One per sweeper process: the pace of the last batches is the best guess for the next.
-RESCUE_BATCH = BatchSize(start=500, least=20, most=BATCH)
-ITEM_BATCH = BatchSize(start=500, least=20, most=BATCH)
-EVENT_BATCH = BatchSize(start=2000, least=100, most=20_000)
+# They start small: the first batch of a run meets cold pages (500 stuck items took 1.3 s).
+RESCUE_BATCH = BatchSize(start=100, least=20, most=BATCH)
+ITEM_BATCH = BatchSize(start=100, least=20, most=BATCH)
+EVENT_BATCH = BatchSize(start=1000, least=100, most=20_000)
 EVENT_SECONDS_PER_STEP = 2.0
 
 
@@ -201,7 +203,8 @@ def _prune_items(queue: Queue, finished_before: datetime) -> tuple[Counter, bool
                             finished_at__lt=finished_before)
         .order_by("finished_at").values_list("id", flat=True)[:size]
     )
-    deleted = lifecycle.delete_finished(queue.pk, ids, with_events=False)
+    with _deleting():
+        deleted = lifecycle.delete_finished(queue.pk, ids, with_events=False)
     if ids:
         ITEM_BATCH.took(time.perf_counter() - started)
     changed = Counter({f"{name} pruned": n for name, n in deleted.items()})
@@ -229,7 +232,9 @@ def _prune_events(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
         while True:
             size = EVENT_BATCH.size
             started = time.perf_counter()
-            deleted = lifecycle.delete_events_before(queue_ids, now - timedelta(days=days), size)
+            with _deleting():
+                deleted = lifecycle.delete_events_before(queue_ids, now - timedelta(days=days),
+                                                         size)
             if deleted:
                 EVENT_BATCH.took(time.perf_counter() - started)
             changed["item events pruned"] += deleted
@@ -240,9 +245,25 @@ def _prune_events(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
     return changed, more
 
 
+@contextmanager
+def _deleting():
+    """A transaction of retention's deletes, which commits without waiting for its WAL to reach
+    the disk: were it lost in a crash, the next run would simply delete the same rows again.
+    Waiting made COMMIT retention's slowest statement at 10M items (670 ms behind checkpoints)."""
+    postgres, nested = is_postgres(), connection.in_atomic_block
+    with transaction.atomic():
+        if postgres:
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit = off")
+        yield
+        if postgres and nested:  # SET LOCAL would outlive this savepoint
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO DEFAULT")
+
+
 def _prune_old(model, field: str, before: datetime) -> tuple[int, bool]:
     table = model._meta.db_table
-    with transaction.atomic(), connection.cursor() as cursor:
+    with _deleting(), connection.cursor() as cursor:
         cursor.execute(
             f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE {field} < %s "
             f"LIMIT %s)", [to_db_datetime(before), BATCH])
