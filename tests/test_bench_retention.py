@@ -34,6 +34,8 @@ def test_bench_retention_prunes_what_is_past_retention_and_restores_the_setting(
     # Four weeks of the seed's events were wholly past a day: dropped, not deleted row by row.
     assert figures["event partitions dropped whole"] >= 3
     assert figures["events deleted row by row"] > 0
+    for table in ("queues_item", "queues_itemevent", "queues_attempt"):
+        assert figures[f"{table} size before"] > 0
     assert not ItemEvent.objects.exclude(item_id__in=Item.objects.values("id")).exists()
     assert set(Queue.objects.values_list("retention_days", flat=True)) == {60}
 

@@ -128,9 +128,11 @@ def run_retention(*, retention_days: int, minutes: float, selector_queue: str,
 
 def _size_mb(model) -> float:
     with connection.cursor() as cursor:
-        # A partitioned table's own size is 0: its partitions hold the rows.
-        cursor.execute("SELECT COALESCE(SUM(pg_total_relation_size(relid)), 0)::bigint "
-                       "FROM pg_partition_tree(%s)", [model._meta.db_table])
+        # A partitioned table's own size is 0: its partitions hold the rows. A plain table
+        # has no partition tree.
+        cursor.execute("SELECT COALESCE((SELECT SUM(pg_total_relation_size(relid)) FROM "
+                       "pg_partition_tree(%s)), pg_total_relation_size(%s))::bigint",
+                       [model._meta.db_table] * 2)
         return cursor.fetchone()[0] / 2**20
 
 
