@@ -214,9 +214,12 @@ class QueueAdminCollector:
         muted = GaugeMetricFamily("queueadmin_alert_muted",
                                   "1 while an alert rule is muted: it records, sends nothing.",
                                   labels=["queue", "rule"])
-        for rule in AlertRule.objects.filter(enabled=True).select_related("queue").order_by(
-                "queue__key", "kind"):
-            labels = [rule.queue.key if rule.queue_id else "", rule.kind]
-            family.add_metric(labels, int(rule.pk in firing))
-            muted.add_metric(labels, int(rule.muted(now)))
+        # Values, not models: five rules a queue made 500 model instances (with their queues'
+        # JSON fields) a third of a scrape at 100 queues.
+        rules = AlertRule.objects.filter(enabled=True).order_by("queue__key", "kind").values_list(
+            "pk", "queue__key", "kind", "muted_until")
+        for pk, queue_key, kind, muted_until in rules:
+            labels = [queue_key or "", kind]
+            family.add_metric(labels, int(pk in firing))
+            muted.add_metric(labels, int(muted_until is not None and muted_until > now))
         return [family, muted]
