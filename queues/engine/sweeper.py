@@ -175,7 +175,7 @@ class BatchSize:
     the slow batches' pace: doubling let a run of cached batches reach sizes that took 700 ms
     once a checkpoint came."""
 
-    def __init__(self, start: int, least: int, most: int, target_seconds: float = 0.1):
+    def __init__(self, start: int, least: int, most: int, target_seconds: float = 0.05):
         self.size, self.least, self.most, self.target = start, least, most, target_seconds
 
     def took(self, seconds: float):
@@ -186,10 +186,12 @@ class BatchSize:
 
 
 # One per sweeper process: the pace of the last batches is the best guess for the next.
-# They start small: the first batch of a run meets cold pages (500 stuck items took 1.3 s).
-RESCUE_BATCH = BatchSize(start=100, least=20, most=BATCH)
-ITEM_BATCH = BatchSize(start=100, least=20, most=BATCH)
-EVENT_BATCH = BatchSize(start=1000, least=100, most=20_000)
+# They start small: the first batch of a run meets cold pages (500 stuck items took 1.3 s,
+# 90 took 1.2 s). The target is a quarter of the 200 ms a statement may take: a checkpoint or
+# two busy CPUs make a batch take three or four times its usual time.
+RESCUE_BATCH = BatchSize(start=20, least=5, most=BATCH)
+ITEM_BATCH = BatchSize(start=50, least=10, most=BATCH)
+EVENT_BATCH = BatchSize(start=500, least=50, most=10_000)
 EVENT_SECONDS_PER_STEP = 2.0
 
 
