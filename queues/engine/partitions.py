@@ -116,9 +116,10 @@ def drop_older_than(moment: datetime) -> list[str]:
     """Drops every partition whose events are all older than `moment`; returns their names.
 
     Emptied first: DROP locks the whole table until its commit has removed the files, and at
-    10M items each week's COMMIT took about half a second, every event insert waiting. TRUNCATE locks that week alone (inserts go to the current week), and the DROP then
-    removes an empty file. Neither waits for its commit to reach the disk: a lost one is done
-    again by the next run."""
+    10M items each week's COMMIT took about half a second, every event insert waiting.
+    TRUNCATE locks that week alone (inserts go to the current week), and the DROP then removes
+    an empty file. Neither waits for its commit to reach the disk: a lost one is done again by
+    the next run."""
     if not is_postgres():
         return []
     dropped = []
