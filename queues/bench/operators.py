@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from queues.bench import processes
 from queues.bench.scenarios import Report, _vacuum_items, bench_queue
-from queues.bench.workload import TAIL_MS, _enqueue, _start_and_wait, draw_work
+from queues.bench.workload import TAIL_MS, _enqueue, draw_work
 from queues.models import READY_STATUSES, Item, ItemEvent, Queue
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -240,7 +240,7 @@ def run_operators(*, users: int, streams: int, seconds: float, items: int, clust
     locust = sampler = None
     windows: dict[str, tuple] = {}
     try:
-        running += _start_and_wait(clusters, env=env)
+        running += processes.start_clusters(clusters, env=env)
         sessions = {os.getsid(web.pid): "web"}
         sessions |= {os.getsid(p.pid): f"cluster {n}" for n, p in enumerate(running[1:], 1)}
         sampler = CpuSampler(sessions, connection.settings_dict["NAME"]).start()

@@ -73,6 +73,19 @@ def _accepts(port: int) -> bool:
         return False
 
 
+def start_clusters(clusters: int, env: dict | None = None) -> list[subprocess.Popen]:
+    """django-q2 clusters, returned once each has written its first heartbeat (at most 60 s)."""
+    from django.utils import timezone
+
+    from queues.models import ClusterHeartbeat
+
+    before = timezone.now()
+    running = [start_manage("qcluster", env=env) for _ in range(clusters)]
+    wait_for(lambda: ClusterHeartbeat.objects.filter(
+        started_at__gte=before).count() >= clusters, 60)
+    return running
+
+
 def stop(processes, sig=signal.SIGTERM):
     for process in processes:
         if process.poll() is None:

@@ -209,8 +209,6 @@ def _rounds_while_working(queue: Queue, clusters: int, seconds: float) -> tuple[
     items in that window, and the attempts that ended per second. The queue gets the default
     concurrency's 100 free slots beside the seed's dispatched and running items, which no
     cluster holds and which would otherwise fill it."""
-    from queues.bench.workload import _start_and_wait
-
     others = list(Queue.objects.filter(paused=False).exclude(pk=queue.pk)
                   .values_list("pk", flat=True))
     Queue.objects.filter(pk__in=others).update(paused=True)
@@ -218,7 +216,7 @@ def _rounds_while_working(queue: Queue, clusters: int, seconds: float) -> tuple[
     Queue.objects.filter(pk=queue.pk).update(concurrency=held + DEFAULT_CONCURRENCY)
     running = []
     try:
-        running = _start_and_wait(clusters, env={"DEBUG": "false"})
+        running = processes.start_clusters(clusters, env={"DEBUG": "false"})
         time.sleep(WORKING_WARM_UP_SECONDS)
         start = timezone.now()
         time.sleep(seconds)

@@ -172,7 +172,7 @@ def _backlog(queue: Queue, work: list[dict], clusters: int, accounts: int, log,
              share: float = FINISHED_SHARE) -> float:
     """Items per second from the first enqueue, clusters up, until `share` of first attempts
     end (99% by default)."""
-    running = _start_and_wait(clusters)
+    running = processes.start_clusters(clusters)
     try:
         started = time.perf_counter()
         _enqueue(queue, work, accounts)
@@ -186,18 +186,8 @@ def _backlog(queue: Queue, work: list[dict], clusters: int, accounts: int, log,
     return target / elapsed
 
 
-def _start_and_wait(clusters: int, env: dict | None = None):
-    from queues.models import ClusterHeartbeat
-
-    before = timezone.now()
-    running = [processes.start_manage("qcluster", env=env) for _ in range(clusters)]
-    processes.wait_for(lambda: ClusterHeartbeat.objects.filter(
-        started_at__gte=before).count() >= clusters, 60)
-    return running
-
-
 def _kill_drill(report, queue, work, clusters, accounts, drain_timeout, log):
-    running = _start_and_wait(max(2, clusters))
+    running = processes.start_clusters(max(2, clusters))
     by_cluster = {f"{socket.gethostname()[:90]}:{p.pid}": p for p in running}
     doomed = None
     try:
@@ -257,7 +247,7 @@ def _bare(work: list[dict], clusters: int, completions: Path, log,
     from django_q.models import Task
     from django_q.tasks import async_task
 
-    running = _start_and_wait(clusters, env={"DJANGO_SETTINGS_MODULE": BARE_SETTINGS})
+    running = processes.start_clusters(clusters, env={"DJANGO_SETTINGS_MODULE": BARE_SETTINGS})
     before = timezone.now()
 
     def ended() -> int:
