@@ -90,11 +90,8 @@ def create_weeks(cursor, first: datetime, last: datetime) -> list[str]:
                        for p in existing)
         if not overlaps:
             try:
-                with transaction.atomic():
-                    cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-                    cursor.execute(
-                        f"CREATE TABLE {week_name(start)} PARTITION OF {TABLE} "
-                        f"FOR VALUES FROM (%s) TO (%s)", [start, end])
+                _briefly_locking(cursor, f"CREATE TABLE {week_name(start)} PARTITION OF "
+                                         f"{TABLE} FOR VALUES FROM (%s) TO (%s)", [start, end])
                 created.append(week_name(start))
             except DatabaseError:
                 pass  # the default holds events of that week, or the lock was busy: next run
@@ -131,11 +128,18 @@ def drop_older_than(moment: datetime) -> list[str]:
                 continue
             try:
                 for statement in (f'TRUNCATE "{part.name}"', f'DROP TABLE "{part.name}"'):
-                    with transaction.atomic():
-                        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-                        cursor.execute("SET LOCAL synchronous_commit = off")
-                        cursor.execute(statement)
+                    _briefly_locking(cursor, statement, flush=False)
                 dropped.append(part.name)
             except DatabaseError:
                 break  # the lock was busy: the next run drops it
     return dropped
+
+
+def _briefly_locking(cursor, statement: str, params=None, *, flush: bool = True):
+    """One DDL statement in its own transaction that gives up after LOCK_TIMEOUT; with
+    flush=False its commit does not wait for the disk (a lost drop is done again next run)."""
+    with transaction.atomic():
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        if not flush:
+            cursor.execute("SET LOCAL synchronous_commit = off")
+        cursor.execute(statement, params)
