@@ -1,10 +1,12 @@
 """queues.engine.partitions and migration 0025: the event table by week on PostgreSQL."""
 
 import importlib
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
@@ -77,6 +79,76 @@ def test_a_week_past_every_queues_retention_is_dropped_whole_and_others_kept():
     assert changed["event partitions dropped"] >= 1
     assert old_week not in names() and kept_week in names()
     assert not ItemEvent.objects.filter(pk=gone.pk).exists()
+
+
+def expired_tables():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relname FROM pg_class WHERE starts_with(relname, %s)",
+                       [partitions.EXPIRED_PREFIX])
+        return [name for (name,) in cursor.fetchall()]
+
+
+def old_weeks(now, *days_ago):
+    with connection.cursor() as cursor:
+        partitions.create_weeks(cursor, now - timedelta(days=max(days_ago)),
+                                now - timedelta(days=min(days_ago)))
+    return [partitions.week_name(partitions.week_start(now - timedelta(days=d)))
+            for d in days_ago]
+
+
+def test_a_week_is_detached_before_it_is_dropped_and_nothing_detached_stays_behind():
+    now = timezone.now()
+    [week] = old_weeks(now, 120)
+    assert partitions.drop_older_than(now - timedelta(days=60)) == [week]
+    assert week not in names() and expired_tables() == []
+
+
+def test_a_week_left_detached_by_a_crash_is_dropped_by_the_next_run():
+    now = timezone.now()
+    [week] = old_weeks(now, 120)
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER TABLE {partitions.TABLE} DETACH PARTITION "{week}"; '
+                       f'ALTER TABLE "{week}" RENAME TO "{partitions.EXPIRED_PREFIX}{week}"')
+    assert partitions.drop_older_than(now - timedelta(days=60)) == [week]
+    assert expired_tables() == []
+
+
+def test_a_week_an_operator_detached_by_hand_is_left_alone():
+    now = timezone.now()
+    [week] = old_weeks(now, 120)
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER TABLE {partitions.TABLE} DETACH PARTITION "{week}"')
+    assert partitions.drop_older_than(now - timedelta(days=60)) == []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [week])
+        assert cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_week_is_not_detached_while_a_long_reader_holds_the_table():
+    now = timezone.now()
+    [week] = old_weeks(now, 120)
+    reading, done = threading.Event(), threading.Event()
+
+    def long_reader():
+        with transaction.atomic():
+            ItemEvent.objects.count()  # holds ACCESS SHARE on the table until the commit
+            reading.set()
+            done.wait(10)
+        connection.close()
+
+    reader = threading.Thread(target=long_reader)
+    reader.start()
+    try:
+        assert reading.wait(10)
+        started = time.monotonic()
+        assert partitions.drop_older_than(now - timedelta(days=60)) == []
+        assert time.monotonic() - started < 2  # gave up after the lock timeout, did not queue
+        assert week in names()
+    finally:
+        done.set()
+        reader.join(10)
+    assert partitions.drop_older_than(now - timedelta(days=60)) == [week]
 
 
 def test_a_week_whose_events_the_default_holds_is_left_to_it():

@@ -26,6 +26,8 @@ WEEKS_AHEAD = 4
 # Creating or dropping a partition locks the whole table for an instant. Waiting behind a long
 # transaction would queue every transition behind it, so give up and try again next run.
 LOCK_TIMEOUT = "200ms"
+# A week detached for dropping: the name says the sweeper may drop it.
+EXPIRED_PREFIX = "expired_"
 _BOUND = re.compile(r"FROM \((MINVALUE|'[^']+')\) TO \((MAXVALUE|'[^']+')\)")
 
 
@@ -112,14 +114,16 @@ def ensure_weeks_ahead(now: datetime) -> list[str]:
 def drop_older_than(moment: datetime) -> list[str]:
     """Drops every partition whose events are all older than `moment`; returns their names.
 
-    Emptied first: DROP locks the whole table until its commit has removed the files, and at
-    10M items each week's COMMIT took about half a second, every event insert waiting.
-    TRUNCATE locks that week alone (inserts go to the current week), and the DROP then removes
-    an empty file. Neither waits for its commit to reach the disk: a lost one is done again by
-    the next run."""
+    Detached and renamed first, in a short transaction of its own: that locks the whole table
+    for an instant and touches no file, so its commit is quick. The DROP then locks only the
+    detached table, which no query reaches any more, while its commit removes the files.
+    PostgreSQL always waits for the disk before removing files, and freeing a week of events
+    took 0.65 to 0.9 s at 10M items; a DROP of an attached week (and before that a TRUNCATE)
+    held the table, or that week's readers, for that long. A week left detached by a crash in
+    between is dropped by the next run; a week an operator detached by hand keeps its name and
+    is left alone."""
     if not is_postgres():
         return []
-    dropped = []
     with connection.cursor() as cursor:
         if not is_partitioned(cursor):
             return []
@@ -127,17 +131,25 @@ def drop_older_than(moment: datetime) -> list[str]:
             if part.is_default or part.upper is None or part.upper > moment:
                 continue
             try:
-                for statement in (f'TRUNCATE "{part.name}"', f'DROP TABLE "{part.name}"'):
-                    _briefly_locking(cursor, statement, flush=False)
-                dropped.append(part.name)
+                _briefly_locking(cursor, f'ALTER TABLE {TABLE} DETACH PARTITION "{part.name}"; '
+                                         f'ALTER TABLE "{part.name}" RENAME TO '
+                                         f'"{EXPIRED_PREFIX}{part.name}"', flush=False)
             except DatabaseError:
-                break  # the lock was busy: the next run drops it
-    return dropped
+                break  # the lock was busy: the next run detaches it
+        cursor.execute("SELECT relname FROM pg_class WHERE relkind = 'r' "
+                       "AND starts_with(relname, %s) "
+                       "AND relnamespace = current_schema()::regnamespace ORDER BY relname",
+                       [EXPIRED_PREFIX])
+        expired = [name for (name,) in cursor.fetchall()]
+        for name in expired:
+            cursor.execute(f'DROP TABLE "{name}"')
+    return [name.removeprefix(EXPIRED_PREFIX) for name in expired]
 
 
 def _briefly_locking(cursor, statement: str, params=None, *, flush: bool = True):
     """One DDL statement in its own transaction that gives up after LOCK_TIMEOUT; with
-    flush=False its commit does not wait for the disk (a lost drop is done again next run)."""
+    flush=False its commit does not wait for the disk (what a crash loses, the next run does
+    again)."""
     with transaction.atomic():
         cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         if not flush:
