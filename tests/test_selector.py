@@ -62,6 +62,18 @@ def test_a_round_dispatches_a_fair_batch_and_one_worker_task():
     assert (record.taken, record.accounts, record.allocation) == (10, 3, result.taken)
 
 
+def test_accounts_whose_names_are_array_syntax_are_planned_and_claimed_as_they_are():
+    # The plan travels to PostgreSQL as arrays: quotes, commas, braces, backslashes and the
+    # word NULL in an account must arrive as themselves.
+    queue = QueueFactory(batch_size=30)
+    accounts = ['a"b', "c,d", "{e}", "f\\g", "NULL", "h i", "j'k"]
+    for account in accounts:
+        put(queue, account, 3)
+    first = selector.run_round(queue, hold_small=False)
+    assert first.taken == dict.fromkeys(accounts, 3)
+    assert Item.objects.filter(status=Status.DISPATCHED).count() == 21
+
+
 def test_the_cursor_rotates_service_across_rounds_and_persists():
     queue = QueueFactory(batch_size=2)
     for account in "abcde":

@@ -419,11 +419,12 @@ def _demand(queue: Queue, now: datetime, limits: dict[str, int]) -> dict[str, in
     table = Item._meta.db_table
     due = f"queue_id = %s AND {READY_SQL} AND run_at <= %s"
     if is_postgres():
-        # One statement planned once, whatever the number of accounts.
-        values = ", ".join(["(%s, %s)"] * len(limits))
+        # One statement whatever the number of accounts, which travel as two arrays: a pair of
+        # parameters per account cost the driver a millisecond a round to parse and quote.
         sql = (f"SELECT p.account, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {due} "
-               f"AND account = p.account LIMIT p.n) AS d) FROM (VALUES {values}) AS p(account, n)")
-        params = [queue.pk, to_db_datetime(now), *(v for pair in limits.items() for v in pair)]
+               f"AND account = p.account LIMIT p.n) AS d) "
+               f"FROM unnest(%s::text[], %s::int[]) AS p(account, n)")
+        params = [queue.pk, to_db_datetime(now), list(limits), list(limits.values())]
     else:
         parts, params = [], []
         for account, limit in limits.items():
@@ -444,13 +445,10 @@ def _claim_sql(queue: Queue, now: datetime, plan: dict[str, int]) -> tuple[str, 
     order = "ORDER BY priority DESC, run_at, id"
     due = f"queue_id = %s AND {READY_SQL} AND run_at <= %s"
     if is_postgres():
-        values = ", ".join(["(%s, %s)"] * len(plan))
-        sql = (f"SELECT c.id FROM (VALUES {values}) AS p(account, n) CROSS JOIN LATERAL "
-               f"(SELECT id FROM {table} WHERE {due} AND account = p.account {order} "
+        sql = (f"SELECT c.id FROM unnest(%s::text[], %s::int[]) AS p(account, n) CROSS JOIN "
+               f"LATERAL (SELECT id FROM {table} WHERE {due} AND account = p.account {order} "
                f"LIMIT p.n FOR UPDATE SKIP LOCKED) AS c")
-        params = [v for account, n in plan.items() for v in (account, n)]
-        params += [queue.pk, to_db_datetime(now)]
-        return sql, params
+        return sql, [list(plan), list(plan.values()), queue.pk, to_db_datetime(now)]
     parts, params = [], []
     for account, n in plan.items():
         parts.append(f"SELECT id FROM (SELECT id FROM {table} WHERE {due} AND account = %s "
