@@ -2,10 +2,10 @@
 
 Events are written in time order and kept by their own age, so the table is partitioned by
 range of `at`, one partition a week (Monday 00:00 UTC). Retention drops a week whose every event
-is past every queue's retention in one statement, instead of deleting millions of rows spread
-over the table. A default partition takes any event no week holds (a clock far off, weeks not
-yet created because the sweeper was down), so that a transition never fails for want of a
-partition. The sweeper creates the coming weeks ahead; migration 0025 made the table.
+is past every queue's retention whole (detached, then dropped), instead of deleting millions of
+rows spread over the table. A default partition takes any event no week holds (a clock far
+off, weeks not yet created because the sweeper was down), so that a transition never fails for
+want of a partition. The sweeper creates the coming weeks ahead; migration 0025 made the table.
 
 SQLite has no partitions: there retention deletes events row by row, as it does here for
 queues whose retention is shorter than the longest.
@@ -147,7 +147,7 @@ def drop_older_than(moment: datetime) -> list[str]:
 
 
 def _briefly_locking(cursor, statement: str, params=None, *, flush: bool = True):
-    """One DDL statement in its own transaction that gives up after LOCK_TIMEOUT; with
+    """DDL in a transaction of its own that gives up after LOCK_TIMEOUT; with
     flush=False its commit does not wait for the disk (what a crash loses, the next run does
     again)."""
     with transaction.atomic():
