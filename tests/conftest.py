@@ -12,6 +12,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_event_cursors():
+    """The sweeper keeps where its event batches got to per process; ids start again in each
+    test's database, so a cursor left by one test would skip another's events."""
+    from queues.engine import sweeper
+
+    sweeper.EVENT_CURSORS.clear()
+
+
 @pytest.fixture
 def role_client(db, client):
     """A client signed in with a role: role_client("Viewer"), "Operator" or "Admin"."""

@@ -49,6 +49,7 @@ def run(seconds: float = 240.0) -> dict[str, int] | None:
     with _single_runner() as alone:
         if not alone:
             return None
+        EVENT_CURSORS.clear()
         while True:
             changed, more = step()
             totals.update(changed)
@@ -187,14 +188,22 @@ class BatchSize:
 
 # One per sweeper process: the pace of the last batches is the best guess for the next.
 # They start small: the first batch of a run meets cold pages (500 stuck items took 1.3 s,
-# 90 took 1.2 s). The target is a quarter of the 200 ms a statement may take: a checkpoint or
-# two busy CPUs make a batch take three or four times its usual time.
-RESCUE_BATCH = BatchSize(start=20, least=5, most=BATCH)
+# 90 took 1.2 s, and at 10M a handful up to 1.5 s while the disk was busy, so rescues go down
+# to one item at a time). The target is a quarter of the 200 ms a statement may take: a
+# checkpoint or two busy CPUs make a batch take three or four times its usual time.
+RESCUE_BATCH = BatchSize(start=2, least=1, most=BATCH)
 ITEM_BATCH = BatchSize(start=50, least=10, most=BATCH)
-# Events aim at 100 ms: aiming at 50 made each batch so small that walking past the index
-# entries of the rows deleted before it (until vacuum) came to dominate, 800 events/s at 10M.
-EVENT_BATCH = BatchSize(start=1000, least=100, most=20_000, target_seconds=0.1)
+# Events aim at 50 ms as the rest do, now that a batch starts past the ids the batch before it
+# went through (EVENT_CURSORS): starting from the oldest, a batch that small walked mostly the
+# index entries of the rows deleted before it (until vacuum), 800 events/s at 10M.
+EVENT_BATCH = BatchSize(start=1000, least=100, most=20_000)
 EVENT_SECONDS_PER_STEP = 2.0
+# {(retention days, queue ids): the highest event id deleted}, while the batches of a retention
+# come back full. Every event of those queues older than the cutoff up to that id is gone, but
+# for one whose `at` is a little out of id order (written by another clock, or committed late),
+# which the next pass from the oldest takes: after a batch that comes back short, and at every
+# sweeper run, batches start from the oldest again.
+EVENT_CURSORS: dict[tuple[int, tuple[int, ...]], int] = {}
 
 
 def _prune_items(queue: Queue, finished_before: datetime) -> tuple[Counter, bool]:
@@ -233,19 +242,23 @@ def _prune_events(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
     # of a step, which visits every queue (seconds at 100 queues).
     until = time.perf_counter() + EVENT_SECONDS_PER_STEP
     for days, queue_ids in sorted(by_retention.items()):
+        key = (days, tuple(queue_ids))
         while True:
-            size = EVENT_BATCH.size
+            size, after = EVENT_BATCH.size, EVENT_CURSORS.pop(key, 0)
             started = time.perf_counter()
             with _deleting():
-                deleted = lifecycle.delete_events_before(queue_ids, now - timedelta(days=days),
-                                                         size)
+                deleted = lifecycle.delete_events_before(
+                    queue_ids, now - timedelta(days=days), size, after_id=after)
             if deleted:
                 EVENT_BATCH.took(time.perf_counter() - started)
-            changed["item events pruned"] += deleted
-            full = deleted == size
-            if not full or time.perf_counter() >= until:
+            changed["item events pruned"] += len(deleted)
+            if len(deleted) == size:
+                EVENT_CURSORS[key] = max(deleted)
+            # Done only when a pass from the oldest comes back short.
+            go_on = len(deleted) == size or after > 0
+            if not go_on or time.perf_counter() >= until:
                 break
-        more |= full
+        more |= go_on
     return changed, more
 
 
