@@ -189,6 +189,17 @@ def test_a_full_event_batch_lets_the_next_start_past_it_and_a_short_one_starts_o
     assert ItemEvent.objects.count() == 0
 
 
+def test_events_that_expire_after_a_step_caught_up_wait_for_the_next_sweeper_run():
+    queue = QueueFactory(retention_days=1)
+    enqueue_many(queue.key, [{"account": "acme", "identifier": f"i{n}"} for n in range(2)])
+    first, second = ItemEvent.objects.order_by("id").values_list("id", flat=True)
+    ItemEvent.objects.filter(pk=first).update(at=timezone.now() - timedelta(days=2))
+    assert sweeper.step()[0]["item events pruned"] == 1
+    ItemEvent.objects.filter(pk=second).update(at=timezone.now() - timedelta(days=2))
+    assert sweeper.step()[0]["item events pruned"] == 0
+    assert sweeper.run()["item events pruned"] == 1
+
+
 def test_each_sweeper_run_starts_its_event_batches_from_the_oldest():
     queue = QueueFactory(retention_days=1)
     enqueue_many(queue.key, [{"account": "acme", "identifier": "old"}])
