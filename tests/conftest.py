@@ -18,7 +18,7 @@ def _fresh_event_cursors():
     test's database, so a cursor left by one test would skip another's events."""
     from queues.engine import sweeper
 
-    sweeper.EVENT_CURSORS.clear()
+    sweeper.EVENT_PASSES.clear()
 
 
 @pytest.fixture

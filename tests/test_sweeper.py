@@ -161,35 +161,25 @@ def test_a_pruning_step_says_go_on_when_its_time_ran_out_on_a_full_batch(monkeyp
     changed, more = sweeper.step()
     assert (changed["item events pruned"], more) == (2, True)
     changed, more = sweeper.step()
-    assert (changed["item events pruned"], more) == (1, True)  # a pass from the oldest is left
-    changed, more = sweeper.step()
-    assert (changed["item events pruned"], more) == (0, False)
-    assert ItemEvent.objects.count() == 0
-
-
-def test_a_full_event_batch_lets_the_next_start_past_it_and_a_short_one_starts_over(
-        monkeypatch):
-    queue = QueueFactory(retention_days=1)
-    enqueue_many(queue.key, [{"account": "acme", "identifier": f"i{n}"} for n in range(5)])
-    first, *rest = ItemEvent.objects.order_by("id").values_list("id", flat=True)
-    ItemEvent.objects.filter(pk__in=rest).update(at=timezone.now() - timedelta(days=2))
-    monkeypatch.setattr(sweeper, "EVENT_BATCH", sweeper.BatchSize(2, least=2, most=2))
-    monkeypatch.setattr(sweeper, "EVENT_SECONDS_PER_STEP", 0)
-    assert sweeper.step()[0]["item events pruned"] == 2
-    # Old only now, below where the batches got to: the pass in progress goes past it...
-    ItemEvent.objects.filter(pk=first).update(at=timezone.now() - timedelta(days=2))
-    assert sweeper.step()[0]["item events pruned"] == 2
-    assert ItemEvent.objects.filter(pk=first).exists()
-    # ...and once a batch comes back short, the next pass starts from the oldest again: the
-    # step says go on until a pass from the oldest finds nothing more.
-    changed, more = sweeper.step()
-    assert (changed["item events pruned"], more) == (0, True)
-    changed, more = sweeper.step()
     assert (changed["item events pruned"], more) == (1, False)
     assert ItemEvent.objects.count() == 0
 
 
-def test_events_that_expire_after_a_step_caught_up_wait_for_the_next_sweeper_run():
+def test_event_batches_walk_the_ids_a_span_at_a_time(monkeypatch):
+    queue = QueueFactory(retention_days=1)
+    enqueue_many(queue.key, [{"account": "acme", "identifier": f"i{n}"} for n in range(5)])
+    e1, e2, e3, e4, e5 = ItemEvent.objects.order_by("id").values_list("id", flat=True)
+    assert e5 - e1 == 4
+    ItemEvent.objects.exclude(pk=e3).update(at=timezone.now() - timedelta(days=2))
+    monkeypatch.setattr(sweeper, "EVENT_ID_SPAN", 2)
+    monkeypatch.setattr(sweeper, "EVENT_SECONDS_PER_STEP", 0)
+    steps = [sweeper.step() for _ in range(4)]
+    assert [(changed["item events pruned"], more) for changed, more in steps] == [
+        (2, True), (1, True), (1, False), (0, False)]
+    assert list(ItemEvent.objects.values_list("id", flat=True)) == [e3]
+
+
+def test_events_that_expire_behind_the_pass_wait_for_the_next_sweeper_run():
     queue = QueueFactory(retention_days=1)
     enqueue_many(queue.key, [{"account": "acme", "identifier": f"i{n}"} for n in range(2)])
     first, second = ItemEvent.objects.order_by("id").values_list("id", flat=True)
@@ -197,14 +187,6 @@ def test_events_that_expire_after_a_step_caught_up_wait_for_the_next_sweeper_run
     assert sweeper.step()[0]["item events pruned"] == 1
     ItemEvent.objects.filter(pk=second).update(at=timezone.now() - timedelta(days=2))
     assert sweeper.step()[0]["item events pruned"] == 0
-    assert sweeper.run()["item events pruned"] == 1
-
-
-def test_each_sweeper_run_starts_its_event_batches_from_the_oldest():
-    queue = QueueFactory(retention_days=1)
-    enqueue_many(queue.key, [{"account": "acme", "identifier": "old"}])
-    ItemEvent.objects.update(at=timezone.now() - timedelta(days=2))
-    sweeper.EVENT_CURSORS[(1, (queue.pk,))] = ItemEvent.objects.get().pk
     assert sweeper.run()["item events pruned"] == 1
 
 

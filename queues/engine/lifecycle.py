@@ -874,13 +874,22 @@ def delete_finished(queue_id: int, ids: list[int], *, with_events: bool = True) 
     return deleted
 
 
-def delete_events_before(queue_ids: list[int], before: datetime, limit: int,
-                         after_id: int = 0) -> list[int]:
-    """Up to `limit` events of these queues older than `before`, oldest ids first: events are
-    written in time order, so these lie on neighbouring pages (deleting by item instead touched
-    pages all over the table). `after_id` skips the ids a previous batch already went past, so
-    that a batch does not walk the index entries of the rows deleted before it, which stay
-    until vacuum. Returns the ids deleted."""
+def event_id_range() -> tuple[int, int]:
+    """(one below the oldest event id, the newest): where a pass of retention's batches starts
+    and ends. Both ends of the id index, so cheap however many events there are."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT MIN(id), MAX(id) FROM {ItemEvent._meta.db_table}")
+        oldest, newest = cursor.fetchone()
+    return (oldest - 1, newest) if oldest is not None else (0, 0)
+
+
+def delete_events_before(queue_ids: list[int], before: datetime, limit: int, *,
+                         after_id: int, up_to_id: int) -> list[int]:
+    """Up to `limit` events of these queues older than `before` with ids in (after_id,
+    up_to_id], oldest ids first: events are written in time order, so these lie on neighbouring
+    pages (deleting by item instead touched pages all over the table), and the id span bounds
+    how many index entries of rows deleted before (which stay until vacuum) the batch walks
+    past. Returns the ids deleted."""
     if not queue_ids:
         return []
     table = ItemEvent._meta.db_table
@@ -889,8 +898,9 @@ def delete_events_before(queue_ids: list[int], before: datetime, limit: int,
         # `at` in the outer condition too: PostgreSQL then looks only in the old partitions.
         cursor.execute(
             f"DELETE FROM {table} WHERE at < %s AND (id, at) IN (SELECT id, at FROM {table} "
-            f"WHERE at < %s AND id > %s AND queue_id IN ({placeholders(len(queue_ids))}) "
-            f"ORDER BY id LIMIT %s) RETURNING id", [moment, moment, after_id, *queue_ids, limit])
+            f"WHERE at < %s AND id > %s AND id <= %s "
+            f"AND queue_id IN ({placeholders(len(queue_ids))}) ORDER BY id LIMIT %s) "
+            f"RETURNING id", [moment, moment, after_id, up_to_id, *queue_ids, limit])
         return [pk for (pk,) in cursor.fetchall()]
 
 

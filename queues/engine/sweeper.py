@@ -49,7 +49,7 @@ def run(seconds: float = 240.0) -> dict[str, int] | None:
     with _single_runner() as alone:
         if not alone:
             return None
-        EVENT_CURSORS.clear()
+        EVENT_PASSES.clear()
         while True:
             changed, more = step()
             totals.update(changed)
@@ -193,20 +193,20 @@ class BatchSize:
 # checkpoint or two busy CPUs make a batch take three or four times its usual time.
 RESCUE_BATCH = BatchSize(start=2, least=1, most=BATCH)
 ITEM_BATCH = BatchSize(start=50, least=10, most=BATCH)
-# Events aim at 50 ms as the rest do, now that a batch starts past the ids the batch before it
-# went through (EVENT_CURSORS): starting from the oldest, a batch that small walked mostly the
+# Events aim at 50 ms as the rest do, now that each batch walks a bounded span of ids past the
+# previous one (EVENT_PASSES): starting from the oldest, a batch that small walked mostly the
 # index entries of the rows deleted before it (until vacuum), 800 events/s at 10M.
 EVENT_BATCH = BatchSize(start=1000, least=100, most=20_000)
 EVENT_SECONDS_PER_STEP = 2.0
-# {(retention days, queue ids): the highest event id deleted}, while the batches of a retention
-# come back full. Every event of those queues older than the cutoff up to that id is gone, but
-# for one whose `at` is a little out of id order (written by another clock, or committed late),
-# which the next pass from the oldest takes: after a batch that comes back short, batches start
-# from the oldest again. CAUGHT_UP once a pass from the oldest came back short: until the next
-# sweeper run, as a pass then walks every expired index entry left until vacuum to find the
-# few events that expired since (at 10M, 250 to 470 ms for each step's handful).
-EVENT_CURSORS: dict[tuple[int, tuple[int, ...]], int] = {}
-CAUGHT_UP = -1
+# Most event ids one batch looks through: the index entries of rows deleted before it stay until
+# vacuum, and at 10M a batch that walked from the oldest to find a few events took up to 4 s.
+EVENT_ID_SPAN = 100_000
+# {(retention days, queue ids): (last id looked at, newest id when the pass began)}: one pass
+# over the ids per sweeper run, a span at a time; CAUGHT_UP once it has gone through them all.
+# An event whose `at` is out of id order (another clock, a late commit) and expires behind the
+# pass waits for the next run's pass.
+EVENT_PASSES: dict[tuple[int, tuple[int, ...]], tuple[int, int] | str] = {}
+CAUGHT_UP = "caught up"
 
 
 def _prune_items(queue: Queue, finished_before: datetime) -> tuple[Counter, bool]:
@@ -246,23 +246,22 @@ def _prune_events(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
     until = time.perf_counter() + EVENT_SECONDS_PER_STEP
     for days, queue_ids in sorted(by_retention.items()):
         key = (days, tuple(queue_ids))
-        if EVENT_CURSORS.get(key) == CAUGHT_UP:
+        if EVENT_PASSES.get(key) == CAUGHT_UP:
             continue
+        after, end = EVENT_PASSES.get(key) or lifecycle.event_id_range()
         while True:
-            size, after = EVENT_BATCH.size, EVENT_CURSORS.pop(key, 0)
+            size, upper = EVENT_BATCH.size, min(after + EVENT_ID_SPAN, end)
             started = time.perf_counter()
             with _deleting():
                 deleted = lifecycle.delete_events_before(
-                    queue_ids, now - timedelta(days=days), size, after_id=after)
+                    queue_ids, now - timedelta(days=days), size, after_id=after, up_to_id=upper)
             if deleted:
                 EVENT_BATCH.took(time.perf_counter() - started)
             changed["item events pruned"] += len(deleted)
-            # Done only when a pass from the oldest comes back short.
-            go_on = len(deleted) == size or after > 0
-            if len(deleted) == size:
-                EVENT_CURSORS[key] = max(deleted)
-            elif not go_on:
-                EVENT_CURSORS[key] = CAUGHT_UP
+            # A full batch may have left more in its span.
+            after = max(deleted) if len(deleted) == size else upper
+            go_on = after < end
+            EVENT_PASSES[key] = (after, end) if go_on else CAUGHT_UP
             if not go_on or time.perf_counter() >= until:
                 break
         more |= go_on
