@@ -13,12 +13,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_event_cursors():
+def _fresh_retention_passes():
     """The sweeper keeps where its event batches got to per process; ids start again in each
     test's database, so a cursor left by one test would skip another's events."""
     from queues.engine import sweeper
 
     sweeper.EVENT_PASSES.clear()
+    sweeper.ITEM_PASSES.clear()
 
 
 @pytest.fixture

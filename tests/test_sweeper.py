@@ -198,6 +198,22 @@ def test_it_keeps_live_items_however_old():
     assert Item.objects.count() == 1
 
 
+def test_item_batches_go_past_what_they_pruned_once_per_sweeper_run(monkeypatch):
+    queue = QueueFactory(retention_days=1, handler="noop")
+    ids = dispatched(queue, 4)
+    run_batch(queue.pk, [[pk, 1] for pk in ids])
+    for days, pk in zip((5, 4, 3), ids[:3], strict=True):
+        Item.objects.filter(pk=pk).update(finished_at=timezone.now() - timedelta(days=days))
+    monkeypatch.setattr(sweeper, "ITEM_BATCH", sweeper.BatchSize(2, least=2, most=2))
+    assert sweeper.step()[0]["items pruned"] == 2
+    # Finished before where the pass has got to: left to the next run's pass.
+    Item.objects.filter(pk=ids[3]).update(finished_at=timezone.now() - timedelta(days=6))
+    assert sweeper.step()[0]["items pruned"] == 1
+    assert sweeper.step()[0]["items pruned"] == 0
+    assert list(Item.objects.values_list("pk", flat=True)) == ids[3:]
+    assert sweeper.run()["items pruned"] == 1
+
+
 def test_it_prunes_old_round_records():
     queue = QueueFactory()
     dispatched(queue)
