@@ -189,10 +189,11 @@ class BatchSize:
 
 # One per sweeper process: the pace of the last batches is the best guess for the next.
 # They start small: the first batch of a run meets cold pages (500 stuck items took 1.3 s,
-# 90 took 1.2 s, and at 10M a handful up to 1.5 s while the disk was busy, so rescues go down
-# to one item at a time). The target is a quarter of the 200 ms a statement may take: a
-# checkpoint or two busy CPUs make a batch take three or four times its usual time.
-RESCUE_BATCH = BatchSize(start=2, least=1, most=BATCH)
+# 90 took 1.2 s). Not smaller than 5: at 10M, rescues of one or two cold items still took up to
+# 3.3 s while the disk was busy, as batches of five did, so going lower bought nothing. The
+# target is a quarter of the 200 ms a statement may take: a checkpoint or two busy CPUs make a
+# batch take three or four times its usual time.
+RESCUE_BATCH = BatchSize(start=20, least=5, most=BATCH)
 ITEM_BATCH = BatchSize(start=50, least=10, most=BATCH)
 # Events aim at 50 ms as the rest do, now that each batch walks a bounded span of ids past the
 # previous one (EVENT_PASSES): starting from the oldest, a batch that small walked mostly the
