@@ -256,7 +256,7 @@ def _prune_events(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
     # of a step, which visits every queue (seconds at 100 queues).
     until = time.perf_counter() + EVENT_SECONDS_PER_STEP
     for days, queue_ids in sorted(by_retention.items()):
-        key = (days, tuple(queue_ids))
+        key = (days, tuple(sorted(queue_ids)))  # the queues come in no set order
         if EVENT_PASSES.get(key) == CAUGHT_UP:
             continue
         after, end = EVENT_PASSES.get(key) or lifecycle.event_id_range()
