@@ -14,8 +14,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_retention_passes():
-    """The sweeper keeps where its event batches got to per process; ids start again in each
-    test's database, so a cursor left by one test would skip another's events."""
+    """The sweeper keeps, per process, where its retention passes over events and items got
+    to; ids and times start again in each test's database, so a pass left by one test would
+    skip another's rows."""
     from queues.engine import sweeper
 
     sweeper.EVENT_PASSES.clear()
