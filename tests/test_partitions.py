@@ -1,4 +1,5 @@
-"""queues.engine.partitions and migration 0025: the event table by week on PostgreSQL."""
+"""queues.engine.partitions and migrations 0025 and 0027: the event and attempt tables by week on
+PostgreSQL."""
 
 import importlib
 import threading
@@ -11,24 +12,27 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from queues import enqueue_many
-from queues.engine import lifecycle, partitions, sweeper
-from queues.models import Item, ItemEvent
+from queues.engine import lifecycle, partitions, selector, sweeper
+from queues.engine.partitions import ATTEMPTS, EVENTS
+from queues.engine.worker import run_batch
+from queues.models import Attempt, Item, ItemEvent
 from tests.factories import QueueFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 MIGRATION = importlib.import_module("queues.migrations.0025_partition_item_events")
+ATTEMPTS_MIGRATION = importlib.import_module("queues.migrations.0027_partition_attempts")
 
 
-def partition_of(event_id):
+def partition_of(row_id, table=EVENTS):
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT tableoid::regclass::text FROM {partitions.TABLE} WHERE id = %s",
-                       [event_id])
+        cursor.execute(f"SELECT tableoid::regclass::text FROM {table.name} WHERE id = %s",
+                       [row_id])
         return cursor.fetchone()[0]
 
 
-def names():
+def names(table=EVENTS):
     with connection.cursor() as cursor:
-        return [p.name for p in partitions.partitions(cursor)]
+        return [p.name for p in partitions.partitions(cursor, table)]
 
 
 def event_at(queue, at):
@@ -42,25 +46,25 @@ def event_at(queue, at):
 def test_a_week_starts_on_monday_at_midnight_utc():
     thursday = datetime(2026, 11, 26, 23, 30, tzinfo=UTC)
     assert partitions.week_start(thursday) == datetime(2026, 11, 23, tzinfo=UTC)
-    assert partitions.week_name(partitions.week_start(thursday)) == "queues_itemevent_p20261123"
+    assert EVENTS.week_name(partitions.week_start(thursday)) == "queues_itemevent_p20261123"
 
 
 def test_an_event_lands_in_its_weeks_partition_and_one_far_off_in_the_default():
     queue = QueueFactory()
     [item] = enqueue_many(queue.key, [{"account": "acme", "identifier": "now"}])
     enqueued = ItemEvent.objects.get(item_id=item.pk)
-    assert partition_of(enqueued.pk) == partitions.week_name(
+    assert partition_of(enqueued.pk) == EVENTS.week_name(
         partitions.week_start(timezone.now()))
     far_off = event_at(queue, timezone.now() + timedelta(days=400))
-    assert partition_of(far_off.pk) == partitions.DEFAULT_PARTITION
+    assert partition_of(far_off.pk) == EVENTS.default_partition
 
 
 def test_the_sweeper_creates_the_coming_weeks_that_are_missing():
     coming = partitions.week_start(timezone.now()) + 3 * partitions.WEEK
     with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE {partitions.week_name(coming)}")
-    assert partitions.week_name(coming) not in names()
-    assert partitions.ensure_weeks_ahead(timezone.now()) == [partitions.week_name(coming)]
+        cursor.execute(f"DROP TABLE {EVENTS.week_name(coming)}")
+    assert EVENTS.week_name(coming) not in names()
+    assert partitions.ensure_weeks_ahead(timezone.now()) == [EVENTS.week_name(coming)]
     assert partitions.ensure_weeks_ahead(timezone.now()) == []
 
 
@@ -69,10 +73,10 @@ def test_a_week_past_every_queues_retention_is_dropped_whole_and_others_kept():
     other = QueueFactory(retention_days=90)
     now = timezone.now()
     with connection.cursor() as cursor:
-        created = partitions.create_weeks(cursor, now - timedelta(days=120),
+        created = partitions.create_weeks(cursor, EVENTS, now - timedelta(days=120),
                                           now - timedelta(days=80))
-    old_week, kept_week = partitions.week_name(partitions.week_start(now - timedelta(days=120))), \
-        partitions.week_name(partitions.week_start(now - timedelta(days=80)))
+    old_week, kept_week = EVENTS.week_name(partitions.week_start(now - timedelta(days=120))), \
+        EVENTS.week_name(partitions.week_start(now - timedelta(days=80)))
     assert old_week in created and kept_week in created
     gone = event_at(other, now - timedelta(days=119))
     changed, _ = sweeper.step(now)
@@ -90,16 +94,16 @@ def expired_tables():
 
 def old_weeks(now, *days_ago):
     with connection.cursor() as cursor:
-        partitions.create_weeks(cursor, now - timedelta(days=max(days_ago)),
+        partitions.create_weeks(cursor, EVENTS, now - timedelta(days=max(days_ago)),
                                 now - timedelta(days=min(days_ago)))
-    return [partitions.week_name(partitions.week_start(now - timedelta(days=d)))
+    return [EVENTS.week_name(partitions.week_start(now - timedelta(days=d)))
             for d in days_ago]
 
 
 def test_a_week_is_detached_before_it_is_dropped_and_nothing_detached_stays_behind():
     now = timezone.now()
     [week] = old_weeks(now, 120)
-    assert partitions.drop_older_than(now - timedelta(days=60)) == [week]
+    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [week]
     assert week not in names() and expired_tables() == []
 
 
@@ -107,9 +111,9 @@ def test_a_week_left_detached_by_a_crash_is_dropped_by_the_next_run():
     now = timezone.now()
     [week] = old_weeks(now, 120)
     with connection.cursor() as cursor:
-        cursor.execute(f'ALTER TABLE {partitions.TABLE} DETACH PARTITION "{week}"; '
+        cursor.execute(f'ALTER TABLE {EVENTS.name} DETACH PARTITION "{week}"; '
                        f'ALTER TABLE "{week}" RENAME TO "{partitions.EXPIRED_PREFIX}{week}"')
-    assert partitions.drop_older_than(now - timedelta(days=60)) == [week]
+    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [week]
     assert expired_tables() == []
 
 
@@ -117,8 +121,8 @@ def test_a_week_an_operator_detached_by_hand_is_left_alone():
     now = timezone.now()
     [week] = old_weeks(now, 120)
     with connection.cursor() as cursor:
-        cursor.execute(f'ALTER TABLE {partitions.TABLE} DETACH PARTITION "{week}"')
-    assert partitions.drop_older_than(now - timedelta(days=60)) == []
+        cursor.execute(f'ALTER TABLE {EVENTS.name} DETACH PARTITION "{week}"')
+    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == []
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [week])
         assert cursor.fetchone()[0]
@@ -142,13 +146,13 @@ def test_a_week_is_not_detached_while_a_long_reader_holds_the_table():
     try:
         assert reading.wait(10)
         started = time.monotonic()
-        assert partitions.drop_older_than(now - timedelta(days=60)) == []
+        assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == []
         assert time.monotonic() - started < 2  # gave up after the lock timeout, did not queue
         assert week in names()
     finally:
         done.set()
         reader.join(10)
-    assert partitions.drop_older_than(now - timedelta(days=60)) == [week]
+    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [week]
 
 
 def test_a_week_whose_events_the_default_holds_is_left_to_it():
@@ -156,14 +160,14 @@ def test_a_week_whose_events_the_default_holds_is_left_to_it():
     far_off = timezone.now() + timedelta(days=400)
     event = event_at(queue, far_off)
     with connection.cursor() as cursor:
-        assert partitions.create_weeks(cursor, far_off, far_off) == []
-    assert partition_of(event.pk) == partitions.DEFAULT_PARTITION
+        assert partitions.create_weeks(cursor, EVENTS, far_off, far_off) == []
+    assert partition_of(event.pk) == EVENTS.default_partition
 
 
 def test_events_in_the_default_partition_are_pruned_by_their_age():
     queue = QueueFactory(retention_days=7)
     old = event_at(queue, timezone.now() - timedelta(days=400))
-    assert partition_of(old.pk) == partitions.DEFAULT_PARTITION
+    assert partition_of(old.pk) == EVENTS.default_partition
     changed, _ = sweeper.step()
     assert changed["item events pruned"] == 1
     assert not ItemEvent.objects.filter(pk=old.pk).exists()
@@ -177,17 +181,17 @@ def test_the_migration_keeps_existing_events_as_the_first_partition_without_a_co
     executor.migrate([("queues", "0024_outcomeminute_minute_idx")])
     try:
         with connection.cursor() as cursor:
-            assert not partitions.is_partitioned(cursor)
+            assert not partitions.is_partitioned(cursor, EVENTS)
         [item] = enqueue_many(queue.key, [{"account": "acme", "identifier": "before"}])
         before = ItemEvent.objects.get(item_id=item.pk)
         with connection.cursor() as cursor:
             cursor.execute("SELECT relfilenode FROM pg_class WHERE relname = %s",
-                           [partitions.TABLE])
+                           [EVENTS.name])
             file_before = cursor.fetchone()[0]
         executor = MigrationExecutor(connection)
         executor.migrate(latest)
         with connection.cursor() as cursor:
-            assert partitions.is_partitioned(cursor)
+            assert partitions.is_partitioned(cursor, EVENTS)
             cursor.execute("SELECT relfilenode FROM pg_class WHERE relname = %s",
                            [MIGRATION.LEGACY])
             assert cursor.fetchone()[0] == file_before  # the same file: nothing was copied
@@ -205,4 +209,110 @@ def test_the_migration_keeps_existing_events_as_the_first_partition_without_a_co
         with connection.cursor() as cursor:
             cursor.execute(f'DROP TABLE IF EXISTS "{MIGRATION.LEGACY}"')
             now = timezone.now()
-            partitions.create_weeks(cursor, now, now + partitions.WEEKS_AHEAD * partitions.WEEK)
+            partitions.create_weeks(cursor, EVENTS, now,
+                                    now + partitions.WEEKS_AHEAD * partitions.WEEK)
+
+
+def run(queue, pk):
+    assert selector.run_round(queue).item_ids == [pk]
+    run_batch(queue.pk, [[pk, Item.objects.get(pk=pk).attempts]])
+
+
+def finished(queue, identifier, days_ago):
+    """An item run to completion by its handler, its finish and attempt moved `days_ago`."""
+    [item] = enqueue_many(queue.key, [{"account": "acme", "identifier": identifier}])
+    run(queue, item.pk)
+    at = timezone.now() - timedelta(days=days_ago)
+    Item.objects.filter(pk=item.pk).update(finished_at=at)
+    Attempt.objects.filter(item_id=item.pk).update(finished_at=at)  # moves it to that week
+    return item.pk, Attempt.objects.get(item_id=item.pk).pk
+
+
+def test_an_attempt_lands_in_its_weeks_partition_and_one_far_off_in_the_default():
+    queue = QueueFactory(handler="noop")
+    pk, attempt = finished(queue, "now", 0)
+    assert partition_of(attempt, ATTEMPTS) == ATTEMPTS.week_name(
+        partitions.week_start(timezone.now()))
+    Attempt.objects.filter(pk=attempt).update(finished_at=timezone.now() + timedelta(days=400))
+    assert partition_of(attempt, ATTEMPTS) == ATTEMPTS.default_partition
+    assert Item.objects.get(pk=pk).attempt_set.get().pk == attempt
+
+
+def test_the_sweeper_creates_the_coming_weeks_of_attempts_too():
+    coming = partitions.week_start(timezone.now()) + 2 * partitions.WEEK
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE {ATTEMPTS.week_name(coming)}")
+    assert sweeper.run()["partitions created"] == 1
+    assert ATTEMPTS.week_name(coming) in names(ATTEMPTS)
+
+
+def test_a_queue_kept_longest_leaves_its_pruned_items_attempts_to_their_week():
+    kept_longest = QueueFactory(retention_days=60, handler="noop")
+    kept_shorter = QueueFactory(retention_days=30, handler="noop")
+    # A Thursday: 60 days and an hour before it is a Saturday, whose week ends after the cutoff.
+    now = partitions.week_start(timezone.now()) - timedelta(days=4)
+    with connection.cursor() as cursor:
+        partitions.create_weeks(cursor, ATTEMPTS, now - timedelta(days=70), now)
+    ago = (timezone.now() - now).total_seconds() / 86400
+    old_item, old_attempt = finished(kept_longest, "old", ago + 60 + 1 / 24)
+    short_item, short_attempt = finished(kept_shorter, "short", ago + 31)
+    changed, _ = sweeper.step(now)
+    assert changed["items pruned"] == 2
+    assert changed["attempts pruned"] == 1  # the shorter queue's, with its item
+    assert not Item.objects.filter(pk__in=[old_item, short_item]).exists()
+    assert list(Attempt.objects.values_list("pk", flat=True)) == [old_attempt]
+    week = ATTEMPTS.week_name(partitions.week_start(now - timedelta(days=60, hours=1)))
+    changed, _ = sweeper.step(now + timedelta(days=8))  # the whole week is past 60 days
+    assert changed["attempt partitions dropped"] >= 1
+    assert week not in names(ATTEMPTS)
+    assert not Attempt.objects.exists()
+
+
+def test_attempts_in_the_default_partition_are_pruned_by_their_age():
+    queue = QueueFactory(retention_days=7, handler="noop")
+    kept_pk, kept = finished(queue, "kept", 0)
+    Attempt.objects.filter(pk=kept).update(finished_at=timezone.now() + timedelta(days=400))
+    pk, attempt = finished(queue, "old", 400)
+    assert partition_of(attempt, ATTEMPTS) == ATTEMPTS.default_partition
+    changed, _ = sweeper.step()
+    assert changed["attempts pruned"] == 1
+    assert list(Attempt.objects.values_list("pk", flat=True)) == [kept]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_keeps_existing_attempts_as_the_first_partition_without_a_copy():
+    queue = QueueFactory(handler="noop")
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("queues")
+    executor.migrate([("queues", "0026_item_in_flight_cluster_idx")])
+    try:
+        with connection.cursor() as cursor:
+            assert not partitions.is_partitioned(cursor, ATTEMPTS)
+        pk, before = finished(queue, "before", 0)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT relfilenode FROM pg_class WHERE relname = %s",
+                           [ATTEMPTS.name])
+            file_before = cursor.fetchone()[0]
+        executor = MigrationExecutor(connection)
+        executor.migrate(latest)
+        with connection.cursor() as cursor:
+            assert partitions.is_partitioned(cursor, ATTEMPTS)
+            cursor.execute("SELECT relfilenode FROM pg_class WHERE relname = %s",
+                           [ATTEMPTS_MIGRATION.LEGACY])
+            assert cursor.fetchone()[0] == file_before  # the same file: nothing was copied
+        assert partition_of(before, ATTEMPTS) == ATTEMPTS_MIGRATION.LEGACY
+        lifecycle.apply("requeue", [pk], actor="user:ops")
+        run(queue, pk)
+        attempts = list(Attempt.objects.filter(item_id=pk).order_by("id"))
+        assert len(attempts) == 2 and attempts[0].pk == before  # a requeue starts a new run
+        # The old table holds everything before next Monday, new attempts of this week too.
+        assert partition_of(attempts[1].pk, ATTEMPTS) == ATTEMPTS_MIGRATION.LEGACY
+        lifecycle.delete_finished(queue.pk, [pk])  # no foreign key is left to hold it up
+        assert not Attempt.objects.filter(item_id=pk).exists()
+    finally:
+        MigrationExecutor(connection).migrate(latest)
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP TABLE IF EXISTS "{ATTEMPTS_MIGRATION.LEGACY}"')
+            now = timezone.now()
+            partitions.create_weeks(cursor, ATTEMPTS, now,
+                                    now + partitions.WEEKS_AHEAD * partitions.WEEK)

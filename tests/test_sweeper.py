@@ -92,6 +92,7 @@ def test_it_prunes_finished_items_past_retention_with_their_history():
     run_batch(queue.pk, [[pk, 1] for pk in ids])
     long_ago = timezone.now() - timedelta(days=61)
     Item.objects.filter(pk__in=ids[:2]).update(finished_at=long_ago)
+    Attempt.objects.filter(item_id__in=ids[:2]).update(finished_at=long_ago)
     ItemEvent.objects.filter(item_id__in=ids[:2]).update(at=long_ago)
     counts = sweeper.run()
     assert counts["items pruned"] == 2

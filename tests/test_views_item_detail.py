@@ -46,6 +46,16 @@ def test_a_timeline_trimmed_by_retention_says_so(role_client, queue):
     assert "Events older than this queue's retention (60 days) have been removed" in html
 
 
+def test_attempts_removed_by_retention_are_said_to_be_gone(role_client, queue):
+    item = item_in_status(queue, "retry")
+    Attempt.objects.create(item=item, number=2, finished_at=timezone.now(), outcome="retry")
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert "have been removed" not in html
+    Attempt.objects.filter(item=item, number=1).delete()
+    html = role_client("Viewer").get(f"/items/{item.pk}/").content.decode()
+    assert "Attempts before attempt 2 are older than every queue's retention" in html
+
+
 def test_dead_letter_estimate_adds_the_remaining_backoff(queue):
     from queues.web.queries import dead_letter_estimate
 

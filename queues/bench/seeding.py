@@ -204,6 +204,7 @@ class _Plan:
 
 def _load_items(plan: "_Plan", step, result: SeedResult):
     with transaction.atomic(), _bulk_load(plan.dialect, [Item, Attempt], step, "item indexes"):
+        _create_seeded_weeks(plan, partitions.ATTEMPTS)
         _create_account_table(plan.accounts)
         with step("items"):
             _execute(_insert_items_sql(plan))
@@ -219,19 +220,24 @@ def _load_items(plan: "_Plan", step, result: SeedResult):
 
 def _load_events(plan: "_Plan", step, result: SeedResult):
     with transaction.atomic(), _bulk_load(plan.dialect, [ItemEvent], step, "event indexes"):
-        if plan.dialect.pg:
-            # The seeded weeks get their own partitions, as the sweeper creates them for live
-            # events, so that retention can drop them whole.
-            with connection.cursor() as cursor:
-                if partitions.is_partitioned(cursor):
-                    partitions.create_weeks(cursor, plan.dialect.now - timedelta(
-                        days=plan.spread_days + 1), plan.dialect.now)
+        _create_seeded_weeks(plan, partitions.EVENTS)
         _create_account_table(plan.accounts)
         with step("events"):
             result.rows["events"] = _execute(_insert_events_sql(plan))
         with step("outcome rollups"):
             _add_outcome_minutes(plan.dialect, plan.first_id)
         _execute("DROP TABLE seed_accounts")
+
+
+def _create_seeded_weeks(plan: "_Plan", table: partitions.WeeklyTable):
+    """The seeded weeks get their own partitions, as the sweeper creates them for live rows,
+    so that retention can drop them whole."""
+    if not plan.dialect.pg:
+        return
+    with connection.cursor() as cursor:
+        if partitions.is_partitioned(cursor, table):
+            partitions.create_weeks(cursor, table, plan.dialect.now - timedelta(
+                days=plan.spread_days + 1), plan.dialect.now)
 
 
 class _parallel:

@@ -843,11 +843,12 @@ def finish(queue: Queue, outcomes: Iterable[Outcome], *, worker: str,
     return _settle(queue, list(outcomes), lost=False, worker=worker, actor=actor)
 
 
-def delete_finished(queue_id: int, ids: list[int], *, with_events: bool = True) -> Counter:
+def delete_finished(queue_id: int, ids: list[int], *, with_events: bool = True,
+                    with_attempts: bool = True) -> Counter:
     """Delete finished items (retention, or an Admin's purge of dead letters) with their
-    attempts, dead letters and (unless retention removes them by their own age) events; the
-    counters lose them in the same transaction. An item that is live again by now is left
-    alone, with its history."""
+    dead letters, attempts and events (the last two unless retention removes them by their own
+    age); the counters lose them in the same transaction. An item that is live again by now is
+    left alone, with its history."""
     deleted: Counter = Counter()
     if not ids:
         return deleted
@@ -863,7 +864,9 @@ def delete_finished(queue_id: int, ids: list[int], *, with_events: bool = True) 
             return deleted
         gone_ids = [pk for pk, _ in gone]
         marks = placeholders(len(gone_ids))
-        for model in (Attempt, DeadLetter, ItemEvent) if with_events else (Attempt, DeadLetter):
+        history = [DeadLetter, *([Attempt] if with_attempts else []),
+                   *([ItemEvent] if with_events else [])]
+        for model in history:
             cursor.execute(f"DELETE FROM {model._meta.db_table} WHERE item_id IN ({marks})",
                            gone_ids)
             deleted[model._meta.verbose_name_plural] += cursor.rowcount

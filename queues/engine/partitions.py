@@ -1,14 +1,15 @@
-"""Weekly partitions of the item event table on PostgreSQL.
+"""Weekly partitions of the item event and attempt tables on PostgreSQL.
 
-Events are written in time order and kept by their own age, so the table is partitioned by
-range of `at`, one partition a week (Monday 00:00 UTC). Retention drops a week whose every event
-is past every queue's retention whole (detached, then dropped), instead of deleting millions of
-rows spread over the table. A default partition takes any event no week holds (a clock far
-off, weeks not yet created because the sweeper was down), so that a transition never fails for
-want of a partition. The sweeper creates the coming weeks ahead; migration 0025 made the table.
+Events and attempts are written in time order and kept by their own age, so each table is
+partitioned by range of its time (an event's `at`, an attempt's `finished_at`), one partition a
+week (Monday 00:00 UTC). Retention drops a week whose every row is past every queue's retention
+whole (detached, then dropped), instead of deleting millions of rows spread over the table. A
+default partition takes any row no week holds (a clock far off, weeks not yet created because
+the sweeper was down), so that a transition never fails for want of a partition. The sweeper
+creates the coming weeks ahead; migrations 0025 (events) and 0027 (attempts) made the tables.
 
 SQLite has no partitions: there retention deletes events row by row, as it does here for
-queues whose retention is shorter than the longest.
+queues whose retention is shorter than the longest, and attempts with their items.
 """
 
 import re
@@ -19,8 +20,6 @@ from django.db import DatabaseError, connection, transaction
 
 from queues.engine.db import is_postgres
 
-TABLE = "queues_itemevent"
-DEFAULT_PARTITION = f"{TABLE}_default"
 WEEK = timedelta(days=7)
 WEEKS_AHEAD = 4
 # Creating or dropping a partition locks the whole table for an instant. Waiting behind a long
@@ -29,6 +28,24 @@ LOCK_TIMEOUT = "200ms"
 # A week detached for dropping: the name says the sweeper may drop it.
 EXPIRED_PREFIX = "expired_"
 _BOUND = re.compile(r"FROM \((MINVALUE|'[^']+')\) TO \((MAXVALUE|'[^']+')\)")
+
+
+@dataclass(frozen=True)
+class WeeklyTable:
+    name: str
+    column: str  # the time its rows are partitioned by
+
+    @property
+    def default_partition(self) -> str:
+        return f"{self.name}_default"
+
+    def week_name(self, start: datetime) -> str:
+        return f"{self.name}_p{start:%Y%m%d}"
+
+
+EVENTS = WeeklyTable("queues_itemevent", "at")
+ATTEMPTS = WeeklyTable("queues_attempt", "finished_at")
+TABLES = (EVENTS, ATTEMPTS)
 
 
 @dataclass(frozen=True)
@@ -44,21 +61,27 @@ def week_start(moment: datetime) -> datetime:
     return day - timedelta(days=day.weekday())
 
 
-def week_name(start: datetime) -> str:
-    return f"{TABLE}_p{start:%Y%m%d}"
-
-
-def is_partitioned(cursor) -> bool:
-    cursor.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)", [TABLE])
+def is_partitioned(cursor, table: WeeklyTable) -> bool:
+    cursor.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)",
+                   [table.name])
     row = cursor.fetchone()
     return bool(row and row[0])
 
 
-def partitions(cursor) -> list[Partition]:
+def drops_by_week(table: WeeklyTable) -> bool:
+    """Whether retention drops this table's rows a week at a time here."""
+    if not is_postgres():
+        return False
+    with connection.cursor() as cursor:
+        return is_partitioned(cursor, table)
+
+
+def partitions(cursor, table: WeeklyTable) -> list[Partition]:
     """The table's partitions, oldest first, the default last."""
     cursor.execute(
         "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
-        "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)", [TABLE])
+        "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)",
+        [table.name])
     found = []
     for name, bound in cursor.fetchall():
         if bound == "DEFAULT":
@@ -79,11 +102,11 @@ def _bound_time(text: str) -> datetime | None:
     return datetime.fromisoformat(value)
 
 
-def create_weeks(cursor, first: datetime, last: datetime) -> list[str]:
+def create_weeks(cursor, table: WeeklyTable, first: datetime, last: datetime) -> list[str]:
     """Creates the weekly partitions from the week of `first` to the week of `last` that no
-    partition covers yet. A week the default partition already holds events of is left to it
-    (PostgreSQL would refuse it): those events are then pruned row by row."""
-    existing = [p for p in partitions(cursor) if not p.is_default]
+    partition covers yet. A week the default partition already holds rows of is left to it
+    (PostgreSQL would refuse it): those rows are then pruned row by row."""
+    existing = [p for p in partitions(cursor, table) if not p.is_default]
     created = []
     start = week_start(first)
     while start <= last:
@@ -92,27 +115,30 @@ def create_weeks(cursor, first: datetime, last: datetime) -> list[str]:
                        for p in existing)
         if not overlaps:
             try:
-                _briefly_locking(cursor, f"CREATE TABLE {week_name(start)} PARTITION OF "
-                                         f"{TABLE} FOR VALUES FROM (%s) TO (%s)", [start, end])
-                created.append(week_name(start))
+                _briefly_locking(cursor, f"CREATE TABLE {table.week_name(start)} PARTITION OF "
+                                         f"{table.name} FOR VALUES FROM (%s) TO (%s)",
+                                 [start, end])
+                created.append(table.week_name(start))
             except DatabaseError:
-                pass  # the default holds events of that week, or the lock was busy: next run
+                pass  # the default holds rows of that week, or the lock was busy: next run
         start = end
     return created
 
 
 def ensure_weeks_ahead(now: datetime) -> list[str]:
-    """The sweeper's part: this week and the next WEEKS_AHEAD exist before events need them."""
+    """The sweeper's part: this week and the next WEEKS_AHEAD exist before rows need them."""
     if not is_postgres():
         return []
+    created = []
     with connection.cursor() as cursor:
-        if not is_partitioned(cursor):
-            return []
-        return create_weeks(cursor, now, now + WEEKS_AHEAD * WEEK)
+        for table in TABLES:
+            if is_partitioned(cursor, table):
+                created += create_weeks(cursor, table, now, now + WEEKS_AHEAD * WEEK)
+    return created
 
 
-def drop_older_than(moment: datetime) -> list[str]:
-    """Drops every partition whose events are all older than `moment`; returns their names.
+def drop_older_than(table: WeeklyTable, moment: datetime) -> list[str]:
+    """Drops every partition whose rows are all older than `moment`; returns their names.
 
     Detached and renamed first, in a short transaction of its own: that locks the whole table
     for an instant and touches no file, so its commit is quick. The DROP then locks only the
@@ -125,13 +151,14 @@ def drop_older_than(moment: datetime) -> list[str]:
     if not is_postgres():
         return []
     with connection.cursor() as cursor:
-        if not is_partitioned(cursor):
+        if not is_partitioned(cursor, table):
             return []
-        for part in partitions(cursor):
+        for part in partitions(cursor, table):
             if part.is_default or part.upper is None or part.upper > moment:
                 continue
             try:
-                _briefly_locking(cursor, f'ALTER TABLE {TABLE} DETACH PARTITION "{part.name}"; '
+                _briefly_locking(cursor, f'ALTER TABLE {table.name} DETACH PARTITION '
+                                         f'"{part.name}"; '
                                          f'ALTER TABLE "{part.name}" RENAME TO '
                                          f'"{EXPIRED_PREFIX}{part.name}"', flush=False)
             except DatabaseError:
@@ -139,7 +166,7 @@ def drop_older_than(moment: datetime) -> list[str]:
         cursor.execute("SELECT relname FROM pg_class WHERE relkind = 'r' "
                        "AND starts_with(relname, %s) "
                        "AND relnamespace = current_schema()::regnamespace ORDER BY relname",
-                       [EXPIRED_PREFIX])
+                       [f"{EXPIRED_PREFIX}{table.name}_"])
         expired = [name for (name,) in cursor.fetchall()]
         for name in expired:
             cursor.execute(f'DROP TABLE "{name}"')
@@ -155,3 +182,18 @@ def _briefly_locking(cursor, statement: str, params=None, *, flush: bool = True)
         if not flush:
             cursor.execute("SET LOCAL synchronous_commit = off")
         cursor.execute(statement, params)
+
+
+def prune_default(table: WeeklyTable, before: datetime, limit: int) -> int:
+    """Deletes up to `limit` rows of the default partition older than `before`: no week holds
+    them, so no drop takes them. Returns how many went."""
+    if not is_postgres():
+        return 0
+    with connection.cursor() as cursor:
+        if not is_partitioned(cursor, table):
+            return 0
+        default = table.default_partition
+        cursor.execute(f"DELETE FROM {default} WHERE (id, {table.column}) IN (SELECT id, "
+                       f"{table.column} FROM {default} WHERE {table.column} < %s LIMIT %s)",
+                       [before, limit])
+        return cursor.rowcount

@@ -56,7 +56,7 @@ def run(seconds: float = 240.0) -> dict[str, int] | None:
             totals.update(changed)
             if not more or time.monotonic() > deadline:
                 break
-        totals["event partitions created"] += len(partitions.ensure_weeks_ahead(started))
+        totals["partitions created"] += len(partitions.ensure_weeks_ahead(started))
         totals["counter deltas folded"] += counters.rollup()
         totals["bulk operations resumed"] += bulk.resume_lost(
             timezone.now() - BULK_STEP_LOST_AFTER)
@@ -80,18 +80,25 @@ def step(now: datetime | None = None) -> tuple[Counter, bool]:
     changed: Counter = Counter()
     more = False
     queues = list(Queue.objects.all())
+    longest = max((queue.retention_days for queue in queues), default=0)
+    attempts_by_week = partitions.drops_by_week(partitions.ATTEMPTS)
     for queue in queues:
         for status, timeout in ((Status.DISPATCHED, queue.dispatch_timeout),
                                 (Status.RUNNING, queue.stale_threshold)):
             rescued, full = _rescue(queue, status, now - timeout)
             changed.update(rescued)
             more |= full
-        pruned, full = _prune_items(queue, now - timedelta(days=queue.retention_days))
+        # The attempts of a queue kept as long as the longest go with their week, after the
+        # item: deleting them by item read cold pages all over the table (up to 1.25 s at 10M).
+        pruned, full = _prune_items(queue, now - timedelta(days=queue.retention_days),
+                                    with_attempts=not (attempts_by_week
+                                                       and queue.retention_days == longest))
         changed.update(pruned)
         more |= full
-    pruned, full = _prune_events(queues, now)
-    changed.update(pruned)
-    more |= full
+    for prune in (_prune_events, _prune_attempts):
+        pruned, full = prune(queues, now)
+        changed.update(pruned)
+        more |= full
     for model, field, age in ((SelectorRound, "started_at", ROUND_RETENTION),
                               (OutcomeMinute, "minute", ROLLUP_RETENTION),
                               (SweepRun, "started_at", RUN_RETENTION)):
@@ -215,9 +222,11 @@ CAUGHT_UP = "caught up"
 ITEM_PASSES: dict[int, datetime | str] = {}
 
 
-def _prune_items(queue: Queue, finished_before: datetime) -> tuple[Counter, bool]:
-    """Finished items past the queue's retention, with their attempts and dead letters, a
-    batch at a time. Their events go by their own age (_prune_events)."""
+def _prune_items(queue: Queue, finished_before: datetime, *,
+                 with_attempts: bool) -> tuple[Counter, bool]:
+    """Finished items past the queue's retention, with their dead letters (and attempts unless
+    they go by their own age, _prune_attempts), a batch at a time. Their events go by their own
+    age (_prune_events)."""
     passed = ITEM_PASSES.get(queue.pk)
     if passed == CAUGHT_UP:
         return Counter(), False
@@ -229,7 +238,8 @@ def _prune_items(queue: Queue, finished_before: datetime) -> tuple[Counter, bool
         expired = expired.filter(finished_at__gte=passed)
     rows = list(expired.order_by("finished_at").values_list("id", "finished_at")[:size])
     with _deleting():
-        deleted = lifecycle.delete_finished(queue.pk, [pk for pk, _ in rows], with_events=False)
+        deleted = lifecycle.delete_finished(queue.pk, [pk for pk, _ in rows], with_events=False,
+                                            with_attempts=with_attempts)
     if rows:
         ITEM_BATCH.took(time.perf_counter() - started)
     full = len(rows) == size
@@ -247,7 +257,7 @@ def _prune_events(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
         return changed, False
     longest = max(queue.retention_days for queue in queues)
     changed["event partitions dropped"] += len(
-        partitions.drop_older_than(now - timedelta(days=longest)))
+        partitions.drop_older_than(partitions.EVENTS, now - timedelta(days=longest)))
     by_retention: dict[int, list[int]] = {}
     for queue in queues:
         by_retention.setdefault(queue.retention_days, []).append(queue.pk)
@@ -277,6 +287,22 @@ def _prune_events(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
                 break
         more |= go_on
     return changed, more
+
+
+def _prune_attempts(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
+    """On PostgreSQL, attempts past every queue's retention: weeks of them dropped whole, and
+    those of the default partition (which no week holds) a batch at a time. The attempts of
+    queues kept shorter go with their items; on SQLite, every queue's do."""
+    changed: Counter = Counter()
+    if not queues:
+        return changed, False
+    before = now - timedelta(days=max(queue.retention_days for queue in queues))
+    changed["attempt partitions dropped"] += len(
+        partitions.drop_older_than(partitions.ATTEMPTS, before))
+    with _deleting():
+        pruned = partitions.prune_default(partitions.ATTEMPTS, before, BATCH)
+    changed["attempts pruned"] += pruned
+    return changed, pruned == BATCH
 
 
 @contextmanager

@@ -294,6 +294,8 @@ class ItemDetail:
     result: object = None  # what the completing attempt returned (a task's return value)
     # Retention removes events by their own age, so a long-lived item loses its oldest ones.
     history_trimmed: bool = False
+    # On PostgreSQL attempts go by their own age too: the oldest kept, when earlier ones went.
+    first_attempt_kept: int | None = None
 
 
 EVENT_LIMIT = 200
@@ -319,9 +321,13 @@ def item_detail(item: Item, now: datetime) -> ItemDetail:
     result = completed[-1].result if completed and item.status == Status.COMPLETE else None
     trimmed = (item.created_at < now - timedelta(days=queue.retention_days)
                and (not events or events[0].transition != "enqueued"))
+    # Every run's first attempt is number 1, so an oldest attempt numbered higher had
+    # predecessors that retention removed.
+    oldest = min(attempts, key=lambda attempt: attempt.pk, default=None)
     return ItemDetail(item=item, events=events, attempts=attempts, dead_letters=letters,
                       next_run=next_run, dead_letter_at=dead_at, result=result,
-                      history_trimmed=trimmed)
+                      history_trimmed=trimmed,
+                      first_attempt_kept=oldest.number if oldest and oldest.number > 1 else None)
 
 
 def dead_letter_estimate(queue: Queue, attempts_done: int, next_run: datetime) -> datetime:
