@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.db.migrations.loader import MigrationLoader
 
 from queues.bench.scenarios import Report
-from queues.models import Item, ItemEvent
+from queues.models import Attempt, Item, ItemEvent
 
 APP = "queues"
 
@@ -51,16 +51,16 @@ def run_migrations(*, count: int, log=print) -> Report:
 
 
 class _WriteProbe:
-    """While a migration runs, another connection takes the lock every write to the items and
-    events tables takes (ROW EXCLUSIVE) every 20 ms and keeps the longest wait: a migration
-    that locks either table for long shows here, whatever it did under the lock."""
+    """While a migration runs, another connection takes the lock every write to the items,
+    events and attempts tables takes (ROW EXCLUSIVE) every 20 ms and keeps the longest wait: a
+    migration that locks any of them for long shows here, whatever it did under the lock."""
 
     def __init__(self):
         self.longest = 0.0
         self.done = threading.Event()
 
     def _run(self):
-        tables = f"{Item._meta.db_table}, {ItemEvent._meta.db_table}"
+        tables = ", ".join(model._meta.db_table for model in (Item, ItemEvent, Attempt))
         try:
             while not self.done.is_set():
                 started = time.perf_counter()
