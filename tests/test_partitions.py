@@ -30,6 +30,22 @@ def partition_of(row_id, table=EVENTS):
         return cursor.fetchone()[0]
 
 
+def file_of(table_name):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relfilenode FROM pg_class WHERE relname = %s", [table_name])
+        return cursor.fetchone()[0]
+
+
+def back_to_fresh_weeks(latest, table, legacy):
+    """A legacy partition left behind would hold every past row of later tests (the flush
+    between tests keeps tables, not partitions)."""
+    MigrationExecutor(connection).migrate(latest)
+    with connection.cursor() as cursor:
+        cursor.execute(f'DROP TABLE IF EXISTS "{legacy}"')
+        now = timezone.now()
+        partitions.create_weeks(cursor, table, now, now + partitions.WEEKS_AHEAD * partitions.WEEK)
+
+
 def names(table=EVENTS):
     with connection.cursor() as cursor:
         return [p.name for p in partitions.partitions(cursor, table)]
@@ -184,17 +200,11 @@ def test_the_migration_keeps_existing_events_as_the_first_partition_without_a_co
             assert not partitions.is_partitioned(cursor, EVENTS)
         [item] = enqueue_many(queue.key, [{"account": "acme", "identifier": "before"}])
         before = ItemEvent.objects.get(item_id=item.pk)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT relfilenode FROM pg_class WHERE relname = %s",
-                           [EVENTS.name])
-            file_before = cursor.fetchone()[0]
-        executor = MigrationExecutor(connection)
-        executor.migrate(latest)
+        file_before = file_of(EVENTS.name)
+        MigrationExecutor(connection).migrate(latest)
         with connection.cursor() as cursor:
             assert partitions.is_partitioned(cursor, EVENTS)
-            cursor.execute("SELECT relfilenode FROM pg_class WHERE relname = %s",
-                           [MIGRATION.LEGACY])
-            assert cursor.fetchone()[0] == file_before  # the same file: nothing was copied
+        assert file_of(MIGRATION.LEGACY) == file_before  # the same file: nothing was copied
         assert partition_of(before.pk) == MIGRATION.LEGACY
         assert names()[0] == MIGRATION.LEGACY
         lifecycle.apply("cancel", [item.pk], actor="user:ops")
@@ -203,14 +213,7 @@ def test_the_migration_keeps_existing_events_as_the_first_partition_without_a_co
         assert after[1].pk > before.pk
         assert Item.objects.get(pk=item.pk).events.count() == 2
     finally:
-        MigrationExecutor(connection).migrate(latest)
-        # Back to a fresh install's weeks: a legacy partition left behind would hold every
-        # past event of later tests (the flush between tests keeps tables, not partitions).
-        with connection.cursor() as cursor:
-            cursor.execute(f'DROP TABLE IF EXISTS "{MIGRATION.LEGACY}"')
-            now = timezone.now()
-            partitions.create_weeks(cursor, EVENTS, now,
-                                    now + partitions.WEEKS_AHEAD * partitions.WEEK)
+        back_to_fresh_weeks(latest, EVENTS, MIGRATION.LEGACY)
 
 
 def run(queue, pk):
@@ -289,17 +292,11 @@ def test_the_migration_keeps_existing_attempts_as_the_first_partition_without_a_
         with connection.cursor() as cursor:
             assert not partitions.is_partitioned(cursor, ATTEMPTS)
         pk, before = finished(queue, "before", 0)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT relfilenode FROM pg_class WHERE relname = %s",
-                           [ATTEMPTS.name])
-            file_before = cursor.fetchone()[0]
-        executor = MigrationExecutor(connection)
-        executor.migrate(latest)
+        file_before = file_of(ATTEMPTS.name)
+        MigrationExecutor(connection).migrate(latest)
         with connection.cursor() as cursor:
             assert partitions.is_partitioned(cursor, ATTEMPTS)
-            cursor.execute("SELECT relfilenode FROM pg_class WHERE relname = %s",
-                           [ATTEMPTS_MIGRATION.LEGACY])
-            assert cursor.fetchone()[0] == file_before  # the same file: nothing was copied
+        assert file_of(ATTEMPTS_MIGRATION.LEGACY) == file_before  # nothing was copied
         assert partition_of(before, ATTEMPTS) == ATTEMPTS_MIGRATION.LEGACY
         lifecycle.apply("requeue", [pk], actor="user:ops")
         run(queue, pk)
@@ -310,9 +307,4 @@ def test_the_migration_keeps_existing_attempts_as_the_first_partition_without_a_
         lifecycle.delete_finished(queue.pk, [pk])  # no foreign key is left to hold it up
         assert not Attempt.objects.filter(item_id=pk).exists()
     finally:
-        MigrationExecutor(connection).migrate(latest)
-        with connection.cursor() as cursor:
-            cursor.execute(f'DROP TABLE IF EXISTS "{ATTEMPTS_MIGRATION.LEGACY}"')
-            now = timezone.now()
-            partitions.create_weeks(cursor, ATTEMPTS, now,
-                                    now + partitions.WEEKS_AHEAD * partitions.WEEK)
+        back_to_fresh_weeks(latest, ATTEMPTS, ATTEMPTS_MIGRATION.LEGACY)
