@@ -11,6 +11,7 @@ and, before, the same rounds idle. Table sizes are read before and after.
 import json
 import statistics
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from django.db import connection
@@ -91,8 +92,12 @@ def run_retention(*, retention_days: int, minutes: float, selector_queue: str,
                                 {"DJANGO_SETTINGS_MODULE": "queueadmin.settings",
                                  "DEBUG": "false"})
         during: list[float] = []
+        slowest: list[tuple[float, datetime]] = []
         while child.poll() is None:
-            during.extend(_time_rounds(sel_queue, 5))
+            at = datetime.now(UTC)
+            rounds = _time_rounds(sel_queue, 5)
+            during.extend(rounds)
+            slowest = sorted([*slowest, (max(rounds), at)], reverse=True)[:3]
         elapsed = time.perf_counter() - started
     finally:
         for pk, days in kept.items():
@@ -123,6 +128,9 @@ def run_retention(*, retention_days: int, minutes: float, selector_queue: str,
     if during:
         report.add("selector round p95 during retention", percentile(during, 0.95), "ms")
         report.add("selector round max during retention", max(during), "ms")
+        # When, so that the server's log can say what the database was doing meanwhile.
+        report.notes.append("slowest selector rounds during retention (ms, in 5 rounds from): " +
+                            ", ".join(f"{ms:.0f} at {at:%H:%M:%S} UTC" for ms, at in slowest))
     for model in TABLES:
         report.add(f"{model._meta.db_table} size after (before vacuum)", _size_mb(model), "MB")
     report.notes.append("Deleted rows free their space for reuse after autovacuum; the "
