@@ -95,8 +95,11 @@ def step(now: datetime | None = None) -> tuple[Counter, bool]:
                                                        and queue.retention_days == longest))
         changed.update(pruned)
         more |= full
-    for prune in (_prune_events, _prune_attempts):
-        pruned, full = prune(queues, now)
+    pruned, full = _prune_events(queues, now, longest)
+    changed.update(pruned)
+    more |= full
+    if attempts_by_week and queues:
+        pruned, full = _prune_attempts(now - timedelta(days=longest))
         changed.update(pruned)
         more |= full
     for model, field, age in ((SelectorRound, "started_at", ROUND_RETENTION),
@@ -248,14 +251,13 @@ def _prune_items(queue: Queue, finished_before: datetime, *,
     return changed, full
 
 
-def _prune_events(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
+def _prune_events(queues: list[Queue], now: datetime, longest: int) -> tuple[Counter, bool]:
     """Events past their queue's retention. On PostgreSQL a week whose events are all past
     every queue's retention is dropped whole; the rest (queues kept shorter than the longest,
     the days of a week not yet all past) are deleted oldest first, a batch per retention."""
     changed: Counter = Counter()
     if not queues:
         return changed, False
-    longest = max(queue.retention_days for queue in queues)
     changed["event partitions dropped"] += len(
         partitions.drop_older_than(partitions.EVENTS, now - timedelta(days=longest)))
     by_retention: dict[int, list[int]] = {}
@@ -289,14 +291,12 @@ def _prune_events(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
     return changed, more
 
 
-def _prune_attempts(queues: list[Queue], now: datetime) -> tuple[Counter, bool]:
-    """On PostgreSQL, attempts past every queue's retention: weeks of them dropped whole, and
-    those of the default partition (which no week holds) a batch at a time. The attempts of
-    queues kept shorter go with their items; on SQLite, every queue's do."""
+def _prune_attempts(before: datetime) -> tuple[Counter, bool]:
+    """Attempts of the partitioned table older than `before` (every queue's retention): weeks of
+    them dropped whole, and those of the default partition (which no week holds) a batch at a
+    time. The attempts of queues kept shorter go with their items; on SQLite, every queue's
+    do."""
     changed: Counter = Counter()
-    if not queues:
-        return changed, False
-    before = now - timedelta(days=max(queue.retention_days for queue in queues))
     changed["attempt partitions dropped"] += len(
         partitions.drop_older_than(partitions.ATTEMPTS, before))
     with _deleting():
