@@ -288,6 +288,12 @@ def test_postgresql_restart_api_answers_503_then_everything_recovers_without_a_r
         wait_for(lambda: schedules_run_since_the_restart() >= 1, 100,
                  "a schedule to run after the restart")
         schedules_after = schedules_run_since_the_restart()
+        # The clusters stop first: a task started by that schedule, or a worker handing back
+        # its batch on shutdown, writes events, and the web process must still be up to stream
+        # them. Then every stored event has had its chance to be shown.
+        processes.stop(clusters)
+        events = {n for (n,) in pg.query("SELECT id FROM queues_itemevent")}
+        processes.wait_for(lambda: events <= set(watcher.received), 30)
     finally:
         stop.set()
         watcher.stopping.set()
@@ -308,7 +314,6 @@ def test_postgresql_restart_api_answers_503_then_everything_recovers_without_a_r
     assert figures["completed"] == figures["enqueued"] >= figures["accepted_by_the_api"]
     assert beats_after == 2 and schedules_after >= 1
     # The stream went on through the restart: every event of the queue once, none twice.
-    events = {n for (n,) in pg.query("SELECT id FROM queues_itemevent")}
     stream = report("postgresql-restart-stream", events=len(events),
                     shown=len(set(watcher.received)),
                     shown_twice=len(watcher.received) - len(set(watcher.received)),

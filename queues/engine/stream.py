@@ -220,15 +220,19 @@ def start_cursor() -> Cursor:
             cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}")
             return Cursor(cursor.fetchone()[0])
         # The sequence, not MAX(id): ids handed out may all still be uncommitted (or pruned).
+        # It is read in a statement before the snapshot's: an id handed out between the
+        # snapshot and the sequence read could belong to a transaction the snapshot's xmax does
+        # not cover, and that id would be given up while its transaction is still open.
+        cursor.execute(f"SELECT COALESCE(pg_sequence_last_value("
+                       f"pg_get_serial_sequence('{table}', 'id')::regclass), 0)")
+        last = cursor.fetchone()[0]
         cursor.execute(
-            f"SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, s.last, e.id "
-            f"FROM (SELECT COALESCE(pg_sequence_last_value("
-            f"pg_get_serial_sequence('{table}', 'id')::regclass), 0) AS last) AS s "
-            f"LEFT JOIN {table} AS e ON e.id > s.last - %s AND e.id <= s.last",
-            [START_WINDOW])
+            f"SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, e.id "
+            f"FROM (SELECT 1) AS one LEFT JOIN {table} AS e ON e.id > %s AND e.id <= %s",
+            [last - START_WINDOW, last])
         rows = cursor.fetchall()
-    horizon, last = rows[0][0], rows[0][1]
-    visible = {row[2] for row in rows if row[2] is not None}
+    horizon = rows[0][0]
+    visible = {row[1] for row in rows if row[1] is not None}
     return Cursor(last, {i: horizon for i in range(max(1, last - START_WINDOW + 1), last + 1)
                          if i not in visible})
 
