@@ -2,6 +2,7 @@
 
 from django.db import NotSupportedError
 from django.db.migrations import AddConstraint, AddIndex
+from django.db.migrations.operations.base import Operation
 
 
 class AddIndexConcurrentlyOnPostgres(AddIndex):
@@ -44,3 +45,36 @@ class AddCheckConstraintValidatedOnPostgres(AddConstraint):
         schema_editor.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({check}) "
                               "NOT VALID")
         schema_editor.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")
+
+
+class SetStorageOnPostgres(Operation):
+    """Storage parameters of one table on PostgreSQL (autovacuum's triggers, say); other
+    databases have none. ALTER TABLE ... SET takes a lock that lets reads and writes go on and
+    rewrites nothing, so it is safe on a table of millions of rows."""
+
+    reversible = True
+
+    def __init__(self, model_name: str, parameters: dict):
+        self.model_name, self.parameters = model_name, parameters
+
+    def state_forwards(self, app_label, state):
+        pass
+
+    def _alter(self, app_label, schema_editor, state, clause: str):
+        if schema_editor.connection.vendor != "postgresql":
+            return
+        model = state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            table = schema_editor.quote_name(model._meta.db_table)
+            schema_editor.execute(f"ALTER TABLE {table} {clause}")
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        settings = ", ".join(f"{name} = {value}" for name, value in self.parameters.items())
+        self._alter(app_label, schema_editor, to_state, f"SET ({settings})")
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        self._alter(app_label, schema_editor, from_state,
+                    f"RESET ({', '.join(self.parameters)})")
+
+    def describe(self):
+        return f"Set storage parameters of {self.model_name} on PostgreSQL"
