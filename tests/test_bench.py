@@ -158,3 +158,23 @@ def test_bench_throughput_runs_items_through_real_worker_clusters(tmp_path, monk
     assert ItemEvent.objects.filter(queue_id=queue.pk, transition="completed").count() == 300
     other.refresh_from_db()
     assert other.paused is False
+
+
+@pytest.mark.django_db
+def test_a_report_names_the_postgresql_settings_it_ran_with_and_warns_when_autovacuum_is_off(
+        monkeypatch):
+    report = bench.Report("pages", {"queue": "q"})
+    report.add("overview p95", 12.5, "ms")
+    monkeypatch.setattr(bench, "server_settings", lambda: {"autovacuum": "off",
+                                                           "shared_buffers": "128MB"})
+    table = report.as_table()
+    assert "server: autovacuum=off, shared_buffers=128MB" in table
+    assert "autovacuum is off on this server" in table
+    monkeypatch.setattr(bench, "server_settings", lambda: {"autovacuum": "on"})
+    assert "autovacuum is off" not in report.as_table()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_server_settings_are_read_from_postgresql():
+    assert set(bench.server_settings()) == set(bench.SERVER_SETTINGS)

@@ -54,6 +54,13 @@ class Report:
         lines += [f"  {name:<{width}}  {value:>14,.3f}  {unit}" for name, value, unit in
                   self.figures]
         lines += [f"  note: {note}" for note in self.notes]
+        server = server_settings()
+        if server:
+            lines.append("  server: " + ", ".join(f"{k}={v}" for k, v in server.items()))
+        if server.get("autovacuum") == "off":
+            lines.append("  note: autovacuum is off on this server, as in no production: the "
+                         "visibility map stays stale, so exact counts read the heap, and dead "
+                         "rows pile up. Turn it on before quoting these figures.")
         return "\n".join(lines)
 
     def write_json(self, directory: Path | None = None) -> Path:
@@ -64,9 +71,24 @@ class Report:
             "database": connection.vendor,
             "measured_at": timezone.now().isoformat(),
             "machine": {"python": platform.python_version(), "platform": platform.platform()},
+            "server": server_settings(),
         }
         path.write_text(json.dumps(data, indent=2))
         return path
+
+
+SERVER_SETTINGS = ("autovacuum", "shared_buffers", "max_wal_size", "checkpoint_timeout")
+
+
+def server_settings() -> dict[str, str]:
+    """The PostgreSQL settings the figures depend on most; a CI server may run without
+    autovacuum, which makes every count slower than in production."""
+    if connection.vendor != "postgresql":
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s) "
+                       "ORDER BY name", [list(SERVER_SETTINGS)])
+        return dict(cursor.fetchall())
 
 
 def percentile(values: list[float], fraction: float) -> float:
