@@ -18,13 +18,14 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     monkeypatch.setattr(queries, "PAGE_SIZE", 2)
     report = bench.run_pages(queue_key="bench-pages", requests=2, log=lambda _: None)
     names = [name for name, _, _ in report.figures]
-    # Figures of the set-up, two of each bulk preview (three on PostgreSQL: its heap fetches),
+    # Figures of the set-up, three of each bulk preview (four on PostgreSQL: its heap fetches),
     # three of each page, the export's first byte.
-    previews = 6 if connection.vendor == "postgresql" else 4
+    previews = 8 if connection.vendor == "postgresql" else 6
     assert len(names) == 4 + previews + (15 + 9) * 3 + 1
     assert "dead letters p95" in names and "/metrics (every queue) SQL queries" in names
     assert "bulk preview (cancel queued, 30 d) p95" in names
     assert "bulk preview (retry failed, 30 d) p95" in names
+    assert "bulk preview (retry failed, 30 d), first" in names
     assert "CSV export, first byte p95" in names
     assert "account ranking refresh (one queue) p50" in names
     assert "accounts by oldest wait, page 2 (keyset) p95" in names
