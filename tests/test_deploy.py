@@ -68,6 +68,19 @@ def test_each_service_command_names_a_real_program(name):
         assert hasattr(__import__(module, fromlist=[attribute]), attribute)
 
 
+def test_the_database_gets_memory_for_pages_and_room_between_checkpoints():
+    command = SERVICES["db"]["command"]
+    settings = dict(word.split("=", 1) for word in command if "=" in word)
+    assert command[0] == "postgres" and command.count("-c") == len(settings)
+    assert settings["shared_buffers"] == "${POSTGRES_SHARED_BUFFERS:-1GB}"
+    assert settings["max_wal_size"] == "${POSTGRES_MAX_WAL_SIZE:-8GB}"
+    assert SERVICES["db"]["shm_size"] == "256mb"
+    example = dict(line.split("=", 1) for line in (ROOT / ".env.example").read_text()
+                   .splitlines() if line and not line.startswith("#"))
+    assert example["POSTGRES_SHARED_BUFFERS"] == "1GB"
+    assert example["POSTGRES_MAX_WAL_SIZE"] == "8GB"
+
+
 def test_env_example_documents_every_setting_the_configuration_reads():
     read = set(re.findall(r'environ\.get\(\s*"([A-Z_]+)"', (ROOT / "queueadmin/config.py")
                           .read_text()))
