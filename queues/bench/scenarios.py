@@ -43,6 +43,8 @@ class Report:
     figures: list[tuple[str, float, str]] = field(default_factory=list)
     # What the figures do not say by themselves (what is compared with what), printed below them.
     notes: list[str] = field(default_factory=list)
+    # False for a bench that never touches the database (the planner): no server settings.
+    on_database: bool = True
 
     def add(self, name: str, value: float, unit: str):
         self.figures.append((name, round(value, 3), unit))
@@ -54,7 +56,7 @@ class Report:
         lines += [f"  {name:<{width}}  {value:>14,.3f}  {unit}" for name, value, unit in
                   self.figures]
         lines += [f"  note: {note}" for note in self.notes]
-        server = server_settings()
+        server = server_settings() if self.on_database else {}
         if server:
             lines.append("  server: " + ", ".join(f"{k}={v}" for k, v in server.items()))
         if server.get("autovacuum") == "off":
@@ -71,7 +73,7 @@ class Report:
             "database": connection.vendor,
             "measured_at": timezone.now().isoformat(),
             "machine": {"python": platform.python_version(), "platform": platform.platform()},
-            "server": server_settings(),
+            "server": server_settings() if self.on_database else {},
         }
         path.write_text(json.dumps(data, indent=2))
         return path
@@ -384,7 +386,7 @@ def run_planner(*, accounts: list[int], batch_size: int, runs: int) -> Report:
     cursor in the middle of the ring: every account with PLANNER_DEMAND ready items, then
     random demands up to PLANNER_DEMAND with random weights 1 to 5."""
     report = Report("planner", {"accounts": ",".join(map(str, accounts)),
-                                "batch_size": batch_size, "runs": runs})
+                                "batch_size": batch_size, "runs": runs}, on_database=False)
     rng = random.Random(0)  # the same backlogs in every run of the bench
     for count in accounts:
         names = [f"acct-{n:06d}" for n in range(count)]
