@@ -106,3 +106,37 @@ def two_factor_login_is_complete(app_configs, **kwargs):
             "AuthenticationMiddleware): two-factor login reads whether a session gave its code.",
             id="queues.E010"))
     return problems
+
+
+@checks.register(checks.Tags.database)
+def postgresql_vacuums_the_items_table(app_configs, databases=None, **kwargs):
+    """Items are updated several times each: without autovacuum their dead versions pile up,
+    the selector's index scans slow down, and every exact count (the bulk preview's) reads the
+    heap page of each row (docs/benchmarks.md, session 14). Shown by migrate at each deploy."""
+    from django.db import connection
+
+    from queues.models import Item
+
+    if not databases or connection.vendor != "postgresql":
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('autovacuum'), "
+            "(SELECT 'autovacuum_enabled=false' = ANY(reloptions) FROM pg_class "
+            " WHERE oid = to_regclass(%s))", [Item._meta.db_table])
+        server, table_off = cursor.fetchone()
+    where = autovacuum_off_where(server, bool(table_off), Item._meta.db_table)
+    if not where:
+        return []
+    return [checks.Warning(
+        f"PostgreSQL's autovacuum is off {where}.",
+        hint="Dead item versions pile up and counts read the heap: the selector and the bulk "
+             "preview slow down as items change. Turn it on (docs/deploy.md).",
+        id="queues.W001")]
+
+
+def autovacuum_off_where(server: str, table_off: bool, table: str) -> str:
+    """Where autovacuum is off for `table`: the whole server, the table alone, or nowhere."""
+    if server == "off":
+        return "on this server"
+    return f"for {table}" if table_off else ""

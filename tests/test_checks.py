@@ -99,3 +99,40 @@ def test_requiring_two_factor_for_admins_without_django_otp_is_refused(settings,
     settings.QUEUEADMIN = {**settings.QUEUEADMIN, "REQUIRE_TWO_FACTOR_FOR_ADMINS": True}
     monkeypatch.setattr(checks, "two_factor_installed", lambda: False)
     assert [e.id for e in checks.two_factor_login_is_complete(None)] == ["queues.E009"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_it_warns_when_the_items_table_is_not_autovacuumed():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('autovacuum')")
+        server_off = cursor.fetchone()[0] == "off"  # CI servers may run without it
+        cursor.execute("ALTER TABLE queues_item SET (autovacuum_enabled = false)")
+    [warning] = checks.postgresql_vacuums_the_items_table(None, databases=["default"])
+    assert warning.id == "queues.W001"
+    assert warning.msg.endswith("on this server." if server_off else "for queues_item.")
+
+
+@pytest.mark.parametrize(("server", "table_off", "where"), [
+    ("off", False, "on this server"),
+    ("off", True, "on this server"),
+    ("on", True, "for queues_item"),
+    ("on", False, ""),
+])
+def test_it_names_where_autovacuum_is_off(server, table_off, where):
+    assert checks.autovacuum_off_where(server, table_off, "queues_item") == where
+
+
+def test_the_autovacuum_check_needs_a_database():
+    assert checks.postgresql_vacuums_the_items_table(None, databases=None) == []
+
+
+@pytest.mark.django_db
+def test_it_says_nothing_of_autovacuum_on_sqlite():
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        pytest.skip("SQLite has no autovacuum of this kind")
+    assert checks.postgresql_vacuums_the_items_table(None, databases=["default"]) == []
