@@ -261,6 +261,16 @@ class Item(models.Model):
                 condition=Q(status__in=FINISHED_STATUSES),
                 name="item_finished_idx",
             ),
+            # Bulk retry, replay and purge by when items failed or finished, the headline task:
+            # the preview counts a status's items in a finish-time range from this index alone
+            # (the snapshot's created_at and id, and the identifier its live-again check reads,
+            # are in it too), where item_finished_idx has no status and sends every row to the
+            # heap. Built concurrently by migration 0029, and only on PostgreSQL.
+            models.Index(
+                fields=["queue", "status", "finished_at", "created_at", "id", "identifier"],
+                condition=Q(status__in=FINISHED_STATUSES),
+                name="item_finished_status_idx",
+            ),
             # Accounts view and per-account in-flight counts.
             models.Index(fields=["queue", "account", "status"], name="item_account_idx"),
             # Find by payload field (queues.engine.payloads): `payload @> {...}` on PostgreSQL.

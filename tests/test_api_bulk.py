@@ -49,6 +49,7 @@ def test_preview_then_confirm_runs_a_bulk_retry(call, queue, document):
                    {"kind": "retry", "statuses": ["failed"], **week()})
     check(document, "/queues/{key}/bulk/preview", "post", preview)
     assert preview.status_code == 200 and preview.json()["eligible"] == 3
+    assert preview.json()["live_again_counted"] is True
     started = call("POST", "/queues/emails/bulk", preview.json()["confirmation"])
     check(document, "/queues/{key}/bulk", "post", started)
     assert started.status_code == 202

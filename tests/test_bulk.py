@@ -81,6 +81,26 @@ def test_preview_of_a_retry_counts_identifiers_live_again_as_ineligible(queue):
     assert preview.ineligible == {"its identifier is live again on another item": 1}
 
 
+def test_past_the_check_limit_a_retry_preview_leaves_live_identifiers_to_the_steps(
+        queue, monkeypatch):
+    [failed] = items_in_status(queue, "failed", prefix="order")
+    items_in_status(queue, "failed", 2, prefix="other")
+    lifecycle.enqueue_many(queue.key, [{"account": "acme", "identifier": failed.identifier}])
+    monkeypatch.setattr(bulk, "LIVE_AGAIN_CHECK_MAX", 2)
+    preview = bulk.preview(a_filter(queue, "retry", ["failed"]))
+    assert (preview.eligible, preview.ineligible, preview.live_again_counted) == (3, {}, False)
+    operation = run_to_end(confirm(preview))
+    assert (operation.changed, operation.skipped) == (
+        2, {"its identifier is live again on another item": 1})
+    assert Item.objects.get(pk=failed.pk).status == Status.FAILED
+
+
+def test_a_cancel_preview_has_no_live_identifiers_to_count(queue, monkeypatch):
+    monkeypatch.setattr(bulk, "LIVE_AGAIN_CHECK_MAX", 0)
+    items_in_status(queue, "queued", 2)
+    assert bulk.preview(a_filter(queue, "cancel", ["queued"])).live_again_counted
+
+
 def test_preview_filters_by_account_and_error_text(queue):
     items_in_status(queue, "failed", 2, account="acme", prefix="a")
     items_in_status(queue, "failed", 3, account="globex", prefix="g")
@@ -335,6 +355,17 @@ def test_a_retry_ranges_over_when_items_failed_unless_told_otherwise(queue):
         queue, "retry", ["failed"], timezone.now() - timedelta(hours=36),
         timezone.now() - timedelta(hours=24)))
     assert [i.pk for i in by_days.sample] == [failed_yesterday.pk]
+
+
+def test_the_sample_of_a_range_over_failure_time_shows_the_latest_failures_first(queue):
+    failed_early = enqueued_days_ago_failed_hours_ago(queue, "early", 1, 20)
+    failed_late = enqueued_days_ago_failed_hours_ago(queue, "late", 3, 2)
+    by_failure = bulk.preview(last_24_hours(queue, "retry", ["failed"]))
+    assert [i.pk for i in by_failure.sample] == [failed_late.pk, failed_early.pk]
+    by_enqueue = bulk.preview(bulk.BulkFilter.build(
+        queue, "retry", ["failed"], timezone.now() - timedelta(days=4), timezone.now(),
+        clock="enqueued"))
+    assert [i.pk for i in by_enqueue.sample] == [failed_early.pk, failed_late.pk]
 
 
 def test_a_cancel_ranges_over_when_items_were_enqueued(queue):

@@ -35,6 +35,17 @@ def test_an_operator_previews_eligible_and_ineligible_counts(role_client, queue)
     assert 'name="frozen"' in html and not BulkOperation.objects.exists()
 
 
+def test_a_big_retry_preview_says_live_identifiers_are_left_to_the_operation(
+        role_client, queue, monkeypatch):
+    items_in_status(queue, "failed", 3)
+    html = role_client("Operator").get("/queues/emails/bulk/", PREVIEW).content.decode()
+    assert "not counted ahead" not in html
+    monkeypatch.setattr(bulk, "LIVE_AGAIN_CHECK_MAX", 2)
+    html = role_client("Operator").get("/queues/emails/bulk/", PREVIEW).content.decode()
+    assert "Over 2 eligible items, those whose identifier is live again" in html
+    assert "Eligible</dt><dd>3" in html
+
+
 def test_a_preview_with_a_bad_range_answers_422_and_writes_nothing(role_client, queue):
     response = role_client("Operator").get("/queues/emails/bulk/", {
         **PREVIEW, "period": "custom", "created_from": "2026-01-02T00:00",

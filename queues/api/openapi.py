@@ -6,6 +6,7 @@ receive validates against the schema described for its status.
 
 
 from queues.conf import DEFAULTS, setting
+from queues.engine.bulk import LIVE_AGAIN_CHECK_MAX
 from queues.engine.forecast import REASONS
 from queues.engine.lifecycle import BATCH_LIMIT, PRIORITY_RANGE
 from queues.models import MAX_ACCOUNT_LENGTH, MAX_IDENTIFIER_LENGTH, Status
@@ -326,13 +327,19 @@ def document(server: str = "/api/v1") -> dict:
                                    "expected": {"type": "integer"}}},
                 "BulkPreview": {
                     "type": "object",
-                    "required": ["eligible", "matching", "ineligible", "too_many", "sample",
-                                 "filter", "confirmation"],
+                    "required": ["eligible", "matching", "ineligible", "too_many",
+                                 "live_again_counted", "sample", "filter", "confirmation"],
                     "properties": {
                         "eligible": {"type": "integer"}, "matching": {"type": "integer"},
                         "ineligible": {"type": "object",
                                        "additionalProperties": {"type": "integer"}},
                         "too_many": {"type": "boolean"},
+                        "live_again_counted": {
+                            "type": "boolean",
+                            "description": f"false past {LIVE_AGAIN_CHECK_MAX:,} eligible "
+                                           "items: those whose identifier is live again are "
+                                           "then among the eligible, and the operation "
+                                           "skips them"},
                         "sample": {"type": "array", "items": {"type": "integer"}},
                         "filter": {"type": "object"},
                         "confirmation": {"$ref": "#/components/schemas/Confirmation"}}},

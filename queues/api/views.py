@@ -430,6 +430,7 @@ def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
 def _preview_json(preview: bulk.Preview) -> dict:
     return {"eligible": preview.eligible, "matching": preview.matching,
             "ineligible": preview.ineligible, "too_many": preview.too_many,
+            "live_again_counted": preview.live_again_counted,
             "sample": [item.pk for item in preview.sample],
             "filter": preview.filter.as_json(), "confirmation": bulk.confirmation(preview)}
 

@@ -62,6 +62,10 @@ KINDS = {
 }
 DEAD_LETTER_KINDS = (BulkOperation.Kind.REPLAY, BulkOperation.Kind.PURGE)
 MAX_SELECTION = 1000  # one page of ids per request
+# A retry or replay preview counts the eligible items whose identifier is live again (on another
+# item) up to this many eligible items. Past it, the check would cost more than the page's budget
+# and sway no decision; the steps skip those items all the same and the operation reports them.
+LIVE_AGAIN_CHECK_MAX = 20_000
 # clock: the item's column a time range applies to, and how a sentence names it.
 CLOCKS = {"enqueued": "created_at", "finished": "finished_at", "updated": "updated_at",
           "next_run": "run_at"}
@@ -223,6 +227,14 @@ class BulkFilter:
     def clock_words(self) -> str:
         return CLOCK_WORDS[self.clock]
 
+    @property
+    def newest_first(self) -> tuple[str, ...]:
+        """The sample's order: the most recently finished first when the range is by finish
+        time (an index order, item_finished_status_idx), else the most recently enqueued."""
+        if self.clock == "finished":
+            return ("-finished_at", "-created_at", "-id")
+        return ("-created_at", "-id")
+
     def items(self, statuses=None):
         time_field = self.time_field
         query = Item.objects.filter(
@@ -289,6 +301,9 @@ class Preview:
     ineligible: dict[str, int] = field(default_factory=dict)  # reason: count
     sample: list = field(default_factory=list)
     too_many: bool = False
+    # False when there were too many eligible items to count those whose identifier is live
+    # again (LIVE_AGAIN_CHECK_MAX): they are among the eligible, and the steps skip them.
+    live_again_counted: bool = True
 
     @property
     def matching(self) -> int:
@@ -311,19 +326,24 @@ def preview(bulk_filter: BulkFilter, now: datetime | None = None) -> Preview:
                 ineligible[reason] += n
     eligible_items = frozen.items(frozen.eligible_statuses) if frozen.eligible_statuses else None
     eligible = 0
+    live_again_counted = True
     if eligible_items is not None:
         eligible = eligible_items[:cap + 1].count()
         if frozen.kind in (BulkOperation.Kind.RETRY, BulkOperation.Kind.REPLAY) and eligible:
-            # Retrying an item whose identifier is live again on another item would duplicate it.
-            live_again = eligible_items.filter(Exists(Item.objects.filter(
-                queue_id=frozen.queue_id, identifier=OuterRef("identifier"),
-                status__in=LIVE_STATUSES)))[:cap + 1].count()
-            if live_again:
-                ineligible["its identifier is live again on another item"] += live_again
-                eligible -= live_again
-    sample = list(eligible_items.order_by("-created_at", "-id")[:SAMPLE_SIZE]) \
+            live_again_counted = eligible <= LIVE_AGAIN_CHECK_MAX
+            if live_again_counted:
+                # Retrying an item whose identifier is live again on another item would
+                # duplicate it.
+                live_again = eligible_items.filter(Exists(Item.objects.filter(
+                    queue_id=frozen.queue_id, identifier=OuterRef("identifier"),
+                    status__in=LIVE_STATUSES))).count()
+                if live_again:
+                    ineligible[lifecycle.LIVE_AGAIN] += live_again
+                    eligible -= live_again
+    sample = list(eligible_items.order_by(*frozen.newest_first)[:SAMPLE_SIZE]) \
         if eligible_items is not None else []
-    return Preview(frozen, eligible, dict(ineligible), sample, too_many=eligible > cap)
+    return Preview(frozen, eligible, dict(ineligible), sample, too_many=eligible > cap,
+                   live_again_counted=live_again_counted)
 
 
 def start_confirmed(confirmed: Confirmed, *, expected: int, filter_hash: str, actor

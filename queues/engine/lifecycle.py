@@ -53,6 +53,8 @@ BATCH_LIMIT = 1000  # rows per statement: keeps statements and transactions shor
 ERROR_LIMIT = 10_000  # characters of an error message kept on the item and attempt
 TRACEBACK_LIMIT = 20_000
 WORKER_LOST = "worker lost"
+# Why a requeue skips an item: another item holds its identifier in a live status.
+LIVE_AGAIN = "its identifier is live again on another item"
 PRIORITY_RANGE = (-32768, 32767)
 ATTEMPT_COLUMNS = ("item_id", "number", "started_at", "finished_at", "outcome", "error",
                    "traceback", "worker", "result")
@@ -817,7 +819,7 @@ def _explain_skipped(transition_: Transition, result: TransitionResult,
                 reasons[pk] = (f"attempt {expected_attempts.get(pk)} is stale; "
                                f"the item is on attempt {attempts}")
             elif transition_.name == "requeue":
-                reasons[pk] = "its identifier is live again on another item"
+                reasons[pk] = LIVE_AGAIN
             else:
                 reasons[pk] = "it changed concurrently"
     return reasons

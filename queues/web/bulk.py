@@ -32,7 +32,8 @@ def _check_purge_role(user, kind: str):
 
 def _preview_context(queue, preview: bulk.Preview) -> dict:
     confirm = BulkConfirmForm(initial=bulk.confirmation(preview))
-    return {"queue": queue, "preview": preview, "confirm": confirm}
+    return {"queue": queue, "preview": preview, "confirm": confirm,
+            "live_again_check_max": bulk.LIVE_AGAIN_CHECK_MAX}
 
 
 @require_GET

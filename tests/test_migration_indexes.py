@@ -1,0 +1,32 @@
+"""The items table's indexes on PostgreSQL: every one the model declares exists, including
+those the migrations build concurrently there alone (0011, 0026, 0029)."""
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+from queues.models import Item
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
+
+
+def indexes() -> set[str]:
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, Item._meta.db_table)
+    return {name for name, info in found.items() if info["index"]}
+
+
+def test_every_index_the_item_model_declares_exists():
+    assert {index.name for index in Item._meta.indexes} <= indexes()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrating_back_drops_the_finished_status_index_and_forth_builds_it():
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("queues")
+    executor.migrate([("queues", "0028_item_autovacuum")])
+    try:
+        assert "item_finished_status_idx" not in indexes()
+    finally:
+        MigrationExecutor(connection).migrate(latest)
+    assert "item_finished_status_idx" in indexes()
