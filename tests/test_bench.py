@@ -178,3 +178,26 @@ def test_a_report_names_the_postgresql_settings_it_ran_with_and_warns_when_autov
 @pytest.mark.django_db
 def test_the_server_settings_are_read_from_postgresql():
     assert set(bench.server_settings()) == set(bench.SERVER_SETTINGS)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_bench_bulk_retries_and_cancels_in_a_child_process_while_timing_the_selector(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    call_command("bench", "selector", "--dataset", "10k-items-1k-accounts", "--rounds", "1",
+                 "--fairness-rounds", "5", stdout=StringIO())
+    call_command("bench", "bulk", "--items", "300", "--selector-rounds", "3",
+                 "--selector-queue", "bench-sel-10k-items-1k-accounts", stdout=StringIO())
+    figures = {name: value for name, value, _ in json.loads(
+        (tmp_path / "bulk.json").read_text())["figures"]}
+    assert figures["retry: items changed"] == figures["cancel: items changed"] == 300
+    assert figures["retry: preview"] > 0 and figures["selector round p95 idle"] > 0
+    assert not Item.objects.filter(queue__key__startswith="bench-bulk-").exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_bench_bulk_names_the_selector_data_set_it_needs():
+    with pytest.raises(RuntimeError, match="bench selector --dataset 1m-items-10k-accounts"):
+        call_command("bench", "bulk", "--items", "1")

@@ -761,22 +761,26 @@ def run_bulk_steps(operation_id: int, out_path: str):
     Path(out_path).write_text(json.dumps(steps))
 
 
-STEPS_SCRIPT = ("import sys, django; django.setup(); from queues import bench; "
-                "bench.run_bulk_steps(int(sys.argv[1]), sys.argv[2])")
+STEPS_SCRIPT = ("import sys, django; django.setup(); from queues.bench import scenarios; "
+                "scenarios.run_bulk_steps(int(sys.argv[1]), sys.argv[2])")
+BULK_SELECTOR_QUEUE = "bench-sel-1m-items-10k-accounts"
 
 
-def run_bulk(*, items: int, selector_rounds: int, log=print) -> Report:
+def run_bulk(*, items: int, selector_rounds: int, selector_queue: str = BULK_SELECTOR_QUEUE,
+             log=print) -> Report:
     """Bulk retry of `items` failed items in a 7-day range, then bulk cancel of `items` queued
-    items, each run step by step in a child process; while they run, selector rounds on the
-    1M-item selector data set are timed here and compared with its idle rounds."""
+    items, each run step by step in a child process; while they run, selector rounds on a
+    selector data set (the 1M-item one unless told) are timed here and compared with its idle
+    rounds."""
     from queues.engine import bulk
 
     if connection.vendor != "postgresql":
         raise RuntimeError("bench bulk needs PostgreSQL")
-    report = Report("bulk", {"items": items})
-    sel_queue = Queue.objects.filter(key="bench-sel-1m-items-10k-accounts").first()
+    report = Report("bulk", {"items": items, "selector_queue": selector_queue})
+    sel_queue = Queue.objects.filter(key=selector_queue).first()
     if sel_queue is None:
-        raise RuntimeError("run `bench selector --dataset 1m-items-10k-accounts` first")
+        raise RuntimeError(f"no queue {selector_queue}: run `bench selector --dataset "
+                           f"{selector_queue.removeprefix('bench-sel-')}` first")
     _vacuum_items()
     idle = _time_rounds(sel_queue, selector_rounds)
     report.add("selector round p95 idle", percentile(idle, 0.95), "ms")

@@ -81,6 +81,8 @@ class Command(BaseCommand):
             "bulk", help="Bulk retry and cancel of 100k items while the selector runs.")
         bulk.add_argument("--items", type=int, default=100_000)
         bulk.add_argument("--selector-rounds", type=int, default=100)
+        bulk.add_argument("--selector-queue", default=bench.BULK_SELECTOR_QUEUE,
+                          help="the data set queue whose rounds are timed meanwhile")
         api = scenarios.add_parser(
             "api", help="Items/s accepted through the JSON API over real HTTP.")
         api.add_argument("--items", type=int, default=100_000, help="items sent in batches")
@@ -211,6 +213,7 @@ class Command(BaseCommand):
         elif scenario == "bulk":
             report = bench.run_bulk(items=options["items"],
                                     selector_rounds=options["selector_rounds"],
+                                    selector_queue=options["selector_queue"],
                                     log=self.stdout.write)
         elif scenario == "api":
             report = bench.run_api(
