@@ -7,7 +7,7 @@ from django.db import connection
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from queues.engine import bulk, lifecycle, selector
+from queues.engine import bulk, counters, lifecycle, selector
 from queues.engine.handlers import TASK_HANDLER
 from queues.models import AuditEntry, BulkOperation, Item, ItemEvent, Status
 from tests.factories import QueueFactory, enqueued, items_in_status
@@ -18,6 +18,14 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def queue():
     return QueueFactory(key="emails")
+
+
+@pytest.fixture(autouse=True, params=["counted in range", "counted from the totals"])
+def counting(request, monkeypatch):
+    """Every test once as the preview counts big ranges: from the first item on, whichever of
+    the items in range and the status's total less those out of range turns out smaller."""
+    if request.param == "counted from the totals":
+        monkeypatch.setattr(bulk, "COUNT_PROBE", 1)
 
 
 @pytest.fixture
@@ -79,6 +87,30 @@ def test_preview_of_a_retry_counts_identifiers_live_again_as_ineligible(queue):
     preview = bulk.preview(a_filter(queue, "retry", ["failed"]))
     assert preview.eligible == 2
     assert preview.ineligible == {"its identifier is live again on another item": 1}
+
+
+def test_a_count_from_the_totals_equals_the_items_in_range_and_snapshot(queue, monkeypatch):
+    in_range = items_in_status(queue, "failed", 3, prefix="in")
+    [old] = items_in_status(queue, "failed", 1, prefix="old")
+    Item.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(days=30))
+    items_in_status(queue, "complete", 2, prefix="done")
+    counters.rollup()  # some counts folded, the next ones still deltas
+    more = items_in_status(queue, "failed", 2, prefix="more")
+    [late] = items_in_status(queue, "running", 1, prefix="late")
+    frozen = a_filter(queue, "retry", ["failed"]).frozen(timezone.now())
+    # Enqueued on a host whose clock runs ahead: an id inside the snapshot, a time past it.
+    Item.objects.filter(pk=more[0].pk).update(created_at=frozen.snapshot_at + timedelta(
+        seconds=30))
+    items_in_status(queue, "failed", 2, prefix="after")  # enqueued past the snapshot
+    lifecycle.finish(queue, [lifecycle.Outcome(item_id=late.pk, attempt=1, error="x",
+                                               permanent=True)], worker="w")  # failed past it
+    monkeypatch.setattr(bulk, "COUNT_PROBE", 1)
+    assert bulk._total_and_outside(frozen, ["failed"], 100) == (9, 5)
+    assert bulk.count_items(frozen, ["failed"], 100) == 4 == frozen.items(["failed"]).count()
+    assert bulk.count_items(frozen, ["failed", "complete"], 100) == 6
+    assert bulk.count_items(frozen, ["failed"], 2) == 3  # stops past the limit
+    lifecycle.apply("requeue", [in_range[0].pk], actor="ops")
+    assert bulk.count_items(frozen, ["failed"], 100) == 3
 
 
 def test_past_the_check_limit_a_retry_preview_leaves_live_identifiers_to_the_steps(

@@ -130,6 +130,18 @@ def exact_counts(queue_ids: Iterable[int]) -> dict[int, dict[str, int]]:
     return counts
 
 
+def total_sql(queue_id: int, statuses) -> tuple[str, list]:
+    """How many items of one queue are in `statuses` now, as an SQL expression and its
+    parameters: the base counts plus the deltas not yet folded, for embedding in a statement
+    whose other parts must see the same snapshot."""
+    marks = ", ".join(["%s"] * len(statuses))
+    sql = (f"(SELECT COALESCE(SUM(count), 0) FROM {StatusCount._meta.db_table} "
+           f"WHERE queue_id = %s AND status IN ({marks})) + "
+           f"(SELECT COALESCE(SUM(delta), 0) FROM {CounterDelta._meta.db_table} "
+           f"WHERE queue_id = %s AND status IN ({marks}))")
+    return sql, [queue_id, *statuses, queue_id, *statuses]
+
+
 def in_flight_sql() -> str:
     """Dispatched plus running items of one queue as an SQL expression taking the queue id
     twice: the selector embeds it in the statement that reads its settings."""
