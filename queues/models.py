@@ -638,7 +638,8 @@ class BulkOperation(models.Model):
     # The one-time nonce of the confirmation that started it: a repeat starts nothing.
     nonce = models.CharField(max_length=32, unique=True, null=True, blank=True)
     expected = models.PositiveIntegerField()  # eligible items counted by the confirmed preview
-    # Keyset position of the next step: index into the filter's statuses, created_at and id.
+    # Keyset position of the next step: index into the filter's statuses, created_at and id,
+    # and "at" (finished_at) when the walk is by finish time.
     position = models.JSONField(default=dict)
     changed = models.PositiveIntegerField(default=0)
     skipped = models.JSONField(default=dict)  # {reason: count}

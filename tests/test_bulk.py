@@ -214,6 +214,48 @@ def test_an_operation_over_the_maximum_is_refused(queue, settings):
         confirm(preview)
 
 
+def failed_in_reverse_order(queue, n):
+    """Failed items that failed in the reverse of the order they were enqueued, one a minute
+    apart, some at the same moment: the two walks differ at every step."""
+    items = items_in_status(queue, "failed", n)
+    now = timezone.now()
+    for i, item in enumerate(items):
+        Item.objects.filter(pk=item.pk).update(finished_at=now - timedelta(minutes=i // 2))
+    return items
+
+
+def test_a_retry_by_failure_time_walks_in_failure_order_and_changes_each_item_once(
+        queue, small_steps):
+    items = failed_in_reverse_order(queue, 25)
+    earliest_failures = set(Item.objects.filter(queue=queue).order_by(
+        "finished_at", "created_at", "id").values_list("id", flat=True)[:10])
+    operation = confirm(bulk.preview(a_filter(queue, "retry", ["failed"])))
+    assert bulk.step(operation.pk)
+    operation.refresh_from_db()
+    assert set(operation.position) == {"status", "at", "created_at", "id"}
+    first_step = set(ItemEvent.objects.filter(transition="requeued").values_list(
+        "item_id", flat=True))
+    assert first_step == earliest_failures  # a tie straddles the step's end
+    operation = run_to_end(operation)
+    assert (operation.changed, operation.steps) == (25, 4)
+    assert Counter(ItemEvent.objects.filter(transition="requeued").values_list(
+        "item_id", flat=True)) == Counter({item.pk: 1 for item in items})
+
+
+def test_a_walk_by_enqueue_order_begun_before_the_upgrade_goes_on_in_that_order(
+        queue, small_steps):
+    failed_in_reverse_order(queue, 25)
+    operation = confirm(bulk.preview(a_filter(queue, "retry", ["failed"])))
+    first_ten = list(Item.objects.filter(queue=queue).order_by("created_at", "id")[:10])
+    lifecycle.apply("requeue", [item.pk for item in first_ten], actor="ops")
+    last = first_ten[-1]
+    BulkOperation.objects.filter(pk=operation.pk).update(changed=10, position={
+        "status": 0, "created_at": last.created_at.isoformat(), "id": last.pk})
+    operation = run_to_end(operation)
+    assert (operation.changed, operation.state) == (25, "done")
+    assert not Item.objects.filter(queue=queue, status=Status.FAILED).exists()
+
+
 def test_stopping_an_operation_keeps_what_it_did(queue, small_steps):
     items_in_status(queue, "queued", 25)
     operation = confirm(bulk.preview(a_filter(queue, "cancel", ["queued"])))

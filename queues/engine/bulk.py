@@ -555,25 +555,52 @@ def _fail(operation_id: int, exc: Exception):
 
 
 def _next_batch(bulk_filter: BulkFilter, position: dict) -> tuple[list[int], dict | None]:
-    """Up to STEP_SIZE eligible ids after `position`, walking one status at a time in
-    (created_at, id) order so each walk follows the browse index. None: nothing is left."""
+    """Up to STEP_SIZE eligible ids after `position`, walking one status at a time in the order
+    of an index: (finished_at, created_at, id) for a range by finish time, which is how
+    item_finished_status_idx holds them, else (created_at, id), the browse index's order.
+    None: nothing is left."""
     statuses = bulk_filter.eligible_statuses
     index = position.get("status", 0)
-    after = (parse_datetime(position["created_at"]), position["id"]) if "id" in position else None
+    # A walk started before finish-time ranges had their own order has no "at": it goes on
+    # in enqueue order, and only its next status walks by finish time.
+    by_finish = bulk_filter.clock == "finished" and ("at" in position or "id" not in position)
+    columns = ("finished_at", "created_at", "id") if by_finish else ("created_at", "id")
+    after = _keyset(position, by_finish) if "id" in position else None
     ids: list[int] = []
     while index < len(statuses):
         query = bulk_filter.items([statuses[index]])
         if after is not None:
-            query = query.filter(created_at__gte=after[0]).filter(
-                Q(created_at__gt=after[0]) | Q(id__gt=after[1]))
-        rows = list(query.order_by("created_at", "id").values_list("created_at", "id")
-                    [:STEP_SIZE - len(ids)])
-        ids += [pk for _, pk in rows]
+            query = query.filter(_after(columns, after))
+        rows = list(query.order_by(*columns).values_list(*columns)[:STEP_SIZE - len(ids)])
+        ids += [row[-1] for row in rows]
         if len(ids) == STEP_SIZE:
-            last_at, last_id = rows[-1]
-            return ids, {"status": index, "created_at": last_at.isoformat(), "id": last_id}
+            return ids, _position(index, rows[-1], by_finish)
         index, after = index + 1, None
     return ids, ({"status": index} if ids else None)
+
+
+def _keyset(position: dict, by_finish: bool) -> tuple:
+    at = (parse_datetime(position["at"]),) if by_finish else ()
+    return (*at, parse_datetime(position["created_at"]), position["id"])
+
+
+def _position(index: int, row: tuple, by_finish: bool) -> dict:
+    *at, created_at, last_id = row
+    position = {"status": index, "created_at": created_at.isoformat(), "id": last_id}
+    if by_finish:
+        position["at"] = at[0].isoformat()
+    return position
+
+
+def _after(columns: tuple[str, ...], values: tuple) -> Q:
+    """Rows after `values` in the order of `columns`: (a, b) > (x, y) spelt out, with the
+    first column's lower bound on its own so the index range starts there."""
+    first, *rest = columns
+    if not rest:
+        return Q(**{f"{first}__gt": values[0]})
+    return Q(**{f"{first}__gte": values[0]}) & (
+        Q(**{f"{first}__gt": values[0]}) | (Q(**{first: values[0]}) & _after(
+            tuple(rest), values[1:])))
 
 
 def resume_lost(older_than: datetime) -> int:
