@@ -23,7 +23,8 @@ from datetime import UTC, datetime, timedelta
 
 from django.core import signing
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, Max, OuterRef, Q
+from django.db.models import BooleanField, Exists, Max, OuterRef, Q
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django_q.tasks import async_task
@@ -592,15 +593,21 @@ def _position(index: int, row: tuple, by_finish: bool) -> dict:
     return position
 
 
-def _after(columns: tuple[str, ...], values: tuple) -> Q:
-    """Rows after `values` in the order of `columns`: (a, b) > (x, y) spelt out, with the
-    first column's lower bound on its own so the index range starts there."""
-    first, *rest = columns
-    if not rest:
-        return Q(**{f"{first}__gt": values[0]})
-    return Q(**{f"{first}__gte": values[0]}) & (
-        Q(**{f"{first}__gt": values[0]}) | (Q(**{first: values[0]}) & _after(
-            tuple(rest), values[1:])))
+def _after(columns: tuple[str, ...], values: tuple) -> RawSQL:
+    """Rows after `values` in the order of `columns`, as one row comparison: the index range
+    starts there, where (a > x) OR (a = x AND ...) would filter every row that ties on the
+    first column (all of them when a whole outage failed in one moment)."""
+    quote = connection.ops.quote_name
+    table = quote(Item._meta.db_table)
+    fields = [Item._meta.get_field(name) for name in columns]
+    names = ", ".join(f"{table}.{quote(field.column)}" for field in fields)
+    marks = ", ".join(["%s"] * len(columns))
+    # Values as the database stores them (on SQLite a time is text in one exact format).
+    params = [field.get_db_prep_value(value, connection) for field, value in zip(
+        fields, values, strict=True)]
+    # Names from the model and placeholders only: the values travel as parameters.
+    return RawSQL(f"({names}) > ({marks})", params,  # noqa: S611
+                  output_field=BooleanField())
 
 
 def resume_lost(older_than: datetime) -> int:
