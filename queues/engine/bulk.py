@@ -238,12 +238,16 @@ class BulkFilter:
             return ("-finished_at", "-created_at", "-id")
         return ("-created_at", "-id")
 
+    def in_time(self) -> Q:
+        """The time range on its clock."""
+        return Q(**{f"{self.time_field}__gte": self.created_from,
+                    f"{self.time_field}__lt": self.created_to})
+
     def in_range(self) -> Q:
         """The time range and the frozen snapshot: all a plain filter asks of an item of its
         queue and statuses."""
         time_field = self.time_field
-        condition = Q(**{f"{time_field}__gte": self.created_from,
-                         f"{time_field}__lt": self.created_to})
+        condition = self.in_time()
         if self.snapshot_at is not None:
             condition &= Q(created_at__lte=self.snapshot_at, id__lte=self.max_id)
             if self.clock in ("finished", "updated"):
@@ -372,8 +376,7 @@ def _outside_parts(frozen: BulkFilter, statuses) -> list:
     the snapshot."""
     field = frozen.time_field
     items = Item.objects.filter(queue_id=frozen.queue_id, status__in=statuses)
-    in_time = items.filter(**{f"{field}__gte": frozen.created_from,
-                              f"{field}__lt": frozen.created_to})
+    in_time = items.filter(frozen.in_time())
     parts = [items.filter(**{f"{field}__isnull": True}),
              items.filter(**{f"{field}__lt": frozen.created_from}),
              items.filter(**{f"{field}__gte": frozen.created_to}),
@@ -562,8 +565,8 @@ def _next_batch(bulk_filter: BulkFilter, position: dict) -> tuple[list[int], dic
     None: nothing is left."""
     statuses = bulk_filter.eligible_statuses
     index = position.get("status", 0)
-    # A walk started before finish-time ranges had their own order has no "at": it goes on
-    # in enqueue order, and only its next status walks by finish time.
+    # A walk begun before finish-time ranges had their own order has no "at" in its position:
+    # it goes on in enqueue order, which its positions keep.
     by_finish = bulk_filter.clock == "finished" and ("at" in position or "id" not in position)
     columns = ("finished_at", "created_at", "id") if by_finish else ("created_at", "id")
     after = _keyset(position, by_finish) if "id" in position else None
