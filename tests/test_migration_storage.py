@@ -1,8 +1,14 @@
-"""Migration 0028: autovacuum's triggers on the items table, set and reset on PostgreSQL."""
+"""Storage parameters set by migrations on PostgreSQL, and reset going back: autovacuum's
+triggers on the items table (0028), the payload index's fastupdate, off (0030)."""
+
+import threading
+import time
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.db.migrations.executor import MigrationExecutor
+
+from queues.migrations._operations import SetIndexStorageOnPostgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -33,3 +39,69 @@ def test_migrating_back_gives_the_tables_postgresqls_defaults_again():
     finally:
         MigrationExecutor(connection).migrate(latest)
     assert "autovacuum_vacuum_insert_scale_factor=0.01" in options("queues_item")
+
+
+def test_the_payload_index_takes_each_statements_entries_at_once():
+    assert options("item_payload_gin") == {"fastupdate=off"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrating_back_lets_the_payload_index_gather_its_entries_again():
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("queues")
+    executor.migrate([("queues", "0029_item_finished_status_idx")])
+    try:
+        assert options("item_payload_gin") == set()
+    finally:
+        MigrationExecutor(connection).migrate(latest)
+    assert options("item_payload_gin") == {"fastupdate=off"}
+
+
+def reader_holding_the_items_table(seconds: float) -> threading.Thread:
+    """A transaction elsewhere that has read the items table (so it holds a lock on each of its
+    indexes) and ends after `seconds`."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    began = threading.Event()
+
+    def read():
+        with psycopg.connect(host=params.get("host"), port=params.get("port"),
+                             user=params.get("user"), dbname=params["dbname"]) as other:
+            other.execute("SELECT count(*) FROM queues_item")
+            began.set()
+            time.sleep(seconds)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    began.wait(5)
+    return thread
+
+
+def set_fastupdate(value: str, *, attempts: int):
+    operation = SetIndexStorageOnPostgres("item_payload_gin", {"fastupdate": value})
+    operation.attempts, operation.lock_timeout, operation.pause = attempts, "100ms", 0.1
+    with connection.schema_editor(atomic=False) as editor:
+        operation.database_forwards("queues", editor, None, None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_changing_an_index_waits_out_a_long_transaction_in_short_tries():
+    reader = reader_holding_the_items_table(0.6)
+    try:
+        set_fastupdate("on", attempts=20)
+        assert options("item_payload_gin") == {"fastupdate=on"}
+    finally:
+        reader.join()
+        set_fastupdate("off", attempts=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_changing_an_index_gives_up_when_a_transaction_holds_it_too_long():
+    reader = reader_holding_the_items_table(3)
+    try:
+        with pytest.raises(OperationalError):
+            set_fastupdate("on", attempts=2)
+        assert options("item_payload_gin") == {"fastupdate=off"}
+    finally:
+        reader.join()

@@ -1,6 +1,8 @@
 """Migration operations of our own (the loader skips modules whose name starts with _)."""
 
-from django.db import NotSupportedError
+import time
+
+from django.db import NotSupportedError, OperationalError, transaction
 from django.db.migrations import AddConstraint, AddIndex
 from django.db.migrations.operations.base import Operation
 
@@ -78,3 +80,47 @@ class SetStorageOnPostgres(Operation):
 
     def describe(self):
         return f"Set storage parameters of {self.model_name} on PostgreSQL"
+
+
+class SetIndexStorageOnPostgres(Operation):
+    """Storage parameters of one index on PostgreSQL; other databases have none. The change is
+    to the catalogue alone, but it takes the index's ACCESS EXCLUSIVE lock, which every writer
+    to the table needs too: waiting for it behind a long transaction would hold all of them
+    up, so each try gives up after a moment and the next one starts a second later."""
+
+    reversible = True
+    attempts = 10
+    lock_timeout = "2s"
+    pause = 1.0
+
+    def __init__(self, index_name: str, parameters: dict):
+        self.index_name, self.parameters = index_name, parameters
+
+    def state_forwards(self, app_label, state):
+        pass
+
+    def _alter(self, schema_editor, clause: str):
+        connection = schema_editor.connection
+        if connection.vendor != "postgresql":
+            return
+        name = schema_editor.quote_name(self.index_name)
+        for attempt in range(self.attempts):
+            try:
+                with transaction.atomic(using=connection.alias):
+                    schema_editor.execute(f"SET LOCAL lock_timeout = '{self.lock_timeout}'")
+                    schema_editor.execute(f"ALTER INDEX {name} {clause}")
+                return
+            except OperationalError:
+                if attempt == self.attempts - 1:
+                    raise
+                time.sleep(self.pause)
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        settings = ", ".join(f"{name} = {value}" for name, value in self.parameters.items())
+        self._alter(schema_editor, f"SET ({settings})")
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        self._alter(schema_editor, f"RESET ({', '.join(self.parameters)})")
+
+    def describe(self):
+        return f"Set storage parameters of index {self.index_name} on PostgreSQL"
