@@ -2,6 +2,9 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
+from queueadmin.startup import freeze_what_lives_forever
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "queueadmin.settings")
 
 application = get_wsgi_application()
+freeze_what_lives_forever()

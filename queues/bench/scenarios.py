@@ -545,9 +545,11 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
     from django.contrib.auth.models import Group, User
     from django.test import Client, override_settings
 
+    from queueadmin.startup import freeze_what_lives_forever
     from queues.permissions import VIEWER
     from queues.web import queries
 
+    freeze_what_lives_forever()  # as the web process does before its first request
     queue = Queue.objects.get(key=queue_key)
     user, _ = User.objects.get_or_create(username="bench-viewer")
     user.groups.add(Group.objects.get(name=VIEWER))
