@@ -2,7 +2,7 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-from queueadmin.startup import freeze_what_lives_forever
+from queues.ops.startup import freeze_what_lives_forever
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "queueadmin.settings")
 # The ASGI web process uses psycopg's connection pool instead of persistent connections.

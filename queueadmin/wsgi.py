@@ -2,7 +2,7 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
-from queueadmin.startup import freeze_what_lives_forever
+from queues.ops.startup import freeze_what_lives_forever
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "queueadmin.settings")
 

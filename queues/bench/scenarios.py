@@ -545,7 +545,7 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
     from django.contrib.auth.models import Group, User
     from django.test import Client, override_settings
 
-    from queueadmin.startup import freeze_what_lives_forever
+    from queues.ops.startup import freeze_what_lives_forever
     from queues.permissions import VIEWER
     from queues.web import queries
 
