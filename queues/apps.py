@@ -17,6 +17,7 @@ class QueuesConfig(AppConfig):
         from queues.engine.alerts import create_default_rules, ensure_installation_rules
         from queues.engine.schedules import ensure_schedules
         from queues.models import Queue
+        from queues.ops.startup import freeze_what_lives_forever
         from queues.permissions import grant_admin_permissions
         from queues.web import middleware  # noqa: F401  connects the login signal
 
@@ -29,6 +30,8 @@ class QueuesConfig(AppConfig):
         if heartbeat.is_qcluster(sys.argv):
             # Only a worker cluster beats; web processes and other commands do not.
             heartbeat.start_in_cluster()
+            # Its URLconf is not needed, and not safe to load while apps are still readying.
+            freeze_what_lives_forever(with_views=False)
 
 
 class QueueAdminSiteConfig(admin_apps.AdminConfig):
