@@ -3,9 +3,9 @@ those the migrations build concurrently there alone (0011, 0026, 0029)."""
 
 import pytest
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 
 from queues.models import Item
+from tests.migrating import migrated_back_to
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -22,11 +22,6 @@ def test_every_index_the_item_model_declares_exists():
 
 @pytest.mark.django_db(transaction=True)
 def test_migrating_back_drops_the_finished_status_index_and_forth_builds_it():
-    executor = MigrationExecutor(connection)
-    latest = executor.loader.graph.leaf_nodes("queues")
-    executor.migrate([("queues", "0028_item_autovacuum")])
-    try:
+    with migrated_back_to("0028_item_autovacuum"):
         assert "item_finished_status_idx" not in indexes()
-    finally:
-        MigrationExecutor(connection).migrate(latest)
     assert "item_finished_status_idx" in indexes()

@@ -6,9 +6,9 @@ import time
 
 import pytest
 from django.db import OperationalError, connection
-from django.db.migrations.executor import MigrationExecutor
 
 from queues.migrations._operations import SetIndexStorageOnPostgres
+from tests.migrating import migrated_back_to
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -30,14 +30,9 @@ def test_the_items_table_is_vacuumed_after_one_percent_of_it_changed_or_was_inse
 # Going back past 0029 drops its index concurrently, which no transaction may hold.
 @pytest.mark.django_db(transaction=True)
 def test_migrating_back_gives_the_tables_postgresqls_defaults_again():
-    executor = MigrationExecutor(connection)
-    latest = executor.loader.graph.leaf_nodes("queues")
-    executor.migrate([("queues", "0027_partition_attempts")])
-    try:
+    with migrated_back_to("0027_partition_attempts"):
         assert options("queues_item") == set()
         assert options("queues_counterdelta") == set()
-    finally:
-        MigrationExecutor(connection).migrate(latest)
     assert "autovacuum_vacuum_insert_scale_factor=0.01" in options("queues_item")
 
 
@@ -47,13 +42,8 @@ def test_the_payload_index_takes_each_statements_entries_at_once():
 
 @pytest.mark.django_db(transaction=True)
 def test_migrating_back_lets_the_payload_index_gather_its_entries_again():
-    executor = MigrationExecutor(connection)
-    latest = executor.loader.graph.leaf_nodes("queues")
-    executor.migrate([("queues", "0029_item_finished_status_idx")])
-    try:
+    with migrated_back_to("0029_item_finished_status_idx"):
         assert options("item_payload_gin") == set()
-    finally:
-        MigrationExecutor(connection).migrate(latest)
     assert options("item_payload_gin") == {"fastupdate=off"}
 
 
