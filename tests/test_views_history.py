@@ -3,6 +3,7 @@ with axes, a legend, hover values and a table, from the rollup only; pages carry
 loads them, in the range their URL names."""
 
 import re
+import time
 from datetime import timedelta
 
 import pytest
@@ -33,9 +34,19 @@ def last_minutes(n: int):
     return [newest - timedelta(minutes=i) for i in range(n)]
 
 
+def clear_of_a_new_minute(margin: float = 3.0):
+    """Waits out a minute's last `margin` seconds: the charts end at the last whole minute
+    when they are drawn, so an hour filled just before a new minute would be one behind."""
+    now = timezone.now()
+    left = 60 - now.second - now.microsecond / 1_000_000
+    if left < margin:
+        time.sleep(left + 0.05)
+
+
 def fill_last_hour(queue, **values):
     """An hour of the queue's minutes, and the installation's rows summed from them as the
     rollup writes them (the charts of every queue read those)."""
+    clear_of_a_new_minute()
     minutes = last_minutes(60)
     for i, minute in enumerate(minutes):
         MetricMinute.objects.create(queue=queue, start=minute, completed=10 + i, enqueued=12,
