@@ -49,26 +49,14 @@ class AddCheckConstraintValidatedOnPostgres(AddConstraint):
         schema_editor.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")
 
 
-class SetStorageOnPostgres(Operation):
-    """Storage parameters of one table on PostgreSQL (autovacuum's triggers, say); other
-    databases have none. ALTER TABLE ... SET takes a lock that lets reads and writes go on and
-    rewrites nothing, so it is safe on a table of millions of rows."""
+class StorageOnPostgres(Operation):
+    """Storage parameters set going forwards and reset going back, on PostgreSQL only (other
+    databases have none); subclasses say what they alter."""
 
     reversible = True
 
-    def __init__(self, model_name: str, parameters: dict):
-        self.model_name, self.parameters = model_name, parameters
-
     def state_forwards(self, app_label, state):
         pass
-
-    def _alter(self, app_label, schema_editor, state, clause: str):
-        if schema_editor.connection.vendor != "postgresql":
-            return
-        model = state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            table = schema_editor.quote_name(model._meta.db_table)
-            schema_editor.execute(f"ALTER TABLE {table} {clause}")
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         settings = ", ".join(f"{name} = {value}" for name, value in self.parameters.items())
@@ -78,17 +66,33 @@ class SetStorageOnPostgres(Operation):
         self._alter(app_label, schema_editor, from_state,
                     f"RESET ({', '.join(self.parameters)})")
 
+
+class SetStorageOnPostgres(StorageOnPostgres):
+    """Storage parameters of one table (autovacuum's triggers, say). ALTER TABLE ... SET takes
+    a lock that lets reads and writes go on and rewrites nothing, so it is safe on a table of
+    millions of rows."""
+
+    def __init__(self, model_name: str, parameters: dict):
+        self.model_name, self.parameters = model_name, parameters
+
+    def _alter(self, app_label, schema_editor, state, clause: str):
+        if schema_editor.connection.vendor != "postgresql":
+            return
+        model = state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            table = schema_editor.quote_name(model._meta.db_table)
+            schema_editor.execute(f"ALTER TABLE {table} {clause}")
+
     def describe(self):
         return f"Set storage parameters of {self.model_name} on PostgreSQL"
 
 
-class SetIndexStorageOnPostgres(Operation):
-    """Storage parameters of one index on PostgreSQL; other databases have none. The change is
-    to the catalogue alone, but it takes the index's ACCESS EXCLUSIVE lock, which every writer
-    to the table needs too: waiting for it behind a long transaction would hold all of them
-    up, so each try gives up after a moment and the next one starts a second later."""
+class SetIndexStorageOnPostgres(StorageOnPostgres):
+    """Storage parameters of one index. The change is to the catalogue alone, but it takes the
+    index's ACCESS EXCLUSIVE lock, which every writer to the table needs too: waiting for it
+    behind a long transaction would hold all of them up, so each try gives up after a moment
+    and the next one starts a second later."""
 
-    reversible = True
     attempts = 10
     lock_timeout = "2s"
     pause = 1.0
@@ -96,10 +100,7 @@ class SetIndexStorageOnPostgres(Operation):
     def __init__(self, index_name: str, parameters: dict):
         self.index_name, self.parameters = index_name, parameters
 
-    def state_forwards(self, app_label, state):
-        pass
-
-    def _alter(self, schema_editor, clause: str):
+    def _alter(self, app_label, schema_editor, state, clause: str):
         connection = schema_editor.connection
         if connection.vendor != "postgresql":
             return
@@ -114,13 +115,6 @@ class SetIndexStorageOnPostgres(Operation):
                 if attempt == self.attempts - 1:
                     raise
                 time.sleep(self.pause)
-
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        settings = ", ".join(f"{name} = {value}" for name, value in self.parameters.items())
-        self._alter(schema_editor, f"SET ({settings})")
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        self._alter(schema_editor, f"RESET ({', '.join(self.parameters)})")
 
     def describe(self):
         return f"Set storage parameters of index {self.index_name} on PostgreSQL"
