@@ -100,9 +100,10 @@ def test_bench_selector_times_an_already_seeded_queue_without_seeding_another(tm
     assert report["parameters"]["datasets"] == ""
     assert {name.split(":")[0] for name, _, _ in report["figures"]} == {"bench-1"}
     assert set(Queue.objects.values_list("key", flat=True)) == {"bench-0", "bench-1"}
+    # Timed at the bench's settings (the seeded in-flight items would fill 5 slots), then the
+    # operator's settings are put back.
     queue = Queue.objects.get(key="bench-1")
-    assert (queue.batch_size, queue.paused) == (60, False)
-    assert queue.concurrency >= 1_000_000  # the seeded in-flight items do not hold it back
+    assert (queue.concurrency, queue.paused) == (5, True)
     assert ItemEvent.objects.filter(actor="bench", transition="requeued",
                                     queue_id=queue.pk).count() == 2 * 60
 
@@ -127,12 +128,23 @@ def test_bench_selector_reports_the_rounds_real_clusters_ran_working_through_the
     assert figures["bench-1: attempts the clusters ended"] > 0
     assert figures["bench-1: rounds the clusters ran"] > 0
     assert figures["bench-1: round p95"] >= figures["bench-1: round p50"] > 0
-    assert Queue.objects.get(key="bench-1").concurrency >= 1_000_000  # put back
+    assert Queue.objects.get(key="bench-1").concurrency == bench.DEFAULT_CONCURRENCY  # put back
     # The other queue was paused for the clusters and is working again.
     assert not Queue.objects.get(key="bench-0").paused
     bench_0 = Queue.objects.get(key="bench-0")
     assert not ItemEvent.objects.filter(queue_id=bench_0.pk, transition="dispatched",
                                         at__gte=started).exists()
+
+
+@pytest.mark.django_db
+def test_timed_rounds_that_take_nothing_are_refused_not_reported():
+    from queues.bench import seeding
+
+    queue = bench.bench_queue("bench-0", concurrency=1)
+    seeding.seed(items=500, accounts=20, queues=[queue])
+    assert Item.objects.filter(queue=queue, status__in=("dispatched", "running")).exists()
+    with pytest.raises(RuntimeError, match="took no items"):
+        bench._time_rounds(queue, 3)
 
 
 @pytest.mark.django_db
@@ -193,6 +205,7 @@ def test_bench_bulk_retries_and_cancels_in_a_child_process_while_timing_the_sele
         (tmp_path / "bulk.json").read_text())["figures"]}
     assert figures["retry: items changed"] == figures["cancel: items changed"] == 300
     assert figures["retry: preview"] > 0 and figures["selector round p95 idle"] > 0
+    assert figures["retry: preview of one account's failures"] > 0
     assert not Item.objects.filter(queue__key__startswith="bench-bulk-").exists()
 
 

@@ -203,4 +203,26 @@ def test_live_figures_stop_counting_past_the_limit_and_say_so(role_client, monke
         assert (rows["small"].backlog, rows["small"].capped) == (3, False)
         html = response.content.decode()
         assert '3+ <span class="muted">(5 at the ranking)</span>' in html
-        assert "more than 3 ready items" in html
+        assert "more than 3 items ready or in flight" in html
+
+
+def test_in_flight_stops_counting_past_the_limit_but_a_cap_above_it_is_read_whole(
+        role_client, monkeypatch):
+    monkeypatch.setattr(queries, "LIVE_LIMIT", 3)
+    queue = QueueFactory(key="emails")
+    for account in ("busy", "capped", "quiet"):
+        enqueued(queue, 1, account=account, prefix=account)
+    items_in_status(queue, "running", 5, account="busy")
+    items_in_status(queue, "dispatched", 2, account="busy")
+    items_in_status(queue, "running", 5, account="capped")
+    items_in_status(queue, "running", 1, account="quiet")
+    AccountPolicyFactory(queue=queue, account="capped", max_in_flight=5)
+    response = role_client("Viewer").get("/queues/emails/accounts/")
+    rows = {row.account: row for row in response.context["page"].rows}
+    assert (rows["busy"].in_flight, rows["busy"].in_flight_capped) == (3, True)
+    assert (rows["capped"].in_flight, rows["capped"].in_flight_capped,
+            rows["capped"].at_cap) == (5, False, True)
+    assert (rows["quiet"].in_flight, rows["quiet"].in_flight_capped) == (1, False)
+    html = response.content.decode()
+    assert re.search(r'<td class="num">3\+</td>', html)
+    assert "more than 3 items ready or in flight" in html

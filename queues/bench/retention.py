@@ -18,7 +18,14 @@ from django.db import connection
 from django.db.models import Count
 
 from queues.bench import processes
-from queues.bench.scenarios import RESULTS_DIR, Report, _time_rounds, _vacuum_items, percentile
+from queues.bench.scenarios import (
+    RESULTS_DIR,
+    Report,
+    _time_rounds,
+    _vacuum_items,
+    percentile,
+    timing_settings,
+)
 from queues.models import FINISHED_STATUSES, Attempt, DeadLetter, Item, ItemEvent, Queue
 
 SLOW_STATEMENT_MS = 200
@@ -78,30 +85,13 @@ def run_retention(*, retention_days: int, minutes: float, selector_queue: str,
     for model in TABLES:
         report.add(f"{model._meta.db_table} size before", _size_mb(model), "MB")
     _vacuum_items()
-    idle = _time_rounds(sel_queue, selector_rounds)
-    report.add("selector round p50 idle", statistics.median(idle), "ms")
-    report.add("selector round p95 idle", percentile(idle, 0.95), "ms")
-    kept = dict(Queue.objects.values_list("pk", "retention_days"))
-    Queue.objects.update(retention_days=retention_days)
-    out = RESULTS_DIR / "retention-steps.json"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     log_size = _server_log_size()
-    started = time.perf_counter()
-    try:
-        child = processes.start(["-c", CHILD_SCRIPT, str(minutes), str(out)],
-                                {"DJANGO_SETTINGS_MODULE": "queueadmin.settings",
-                                 "DEBUG": "false"})
-        during: list[float] = []
-        slowest: list[tuple[float, datetime]] = []
-        while child.poll() is None:
-            at = datetime.now(UTC)
-            rounds = _time_rounds(sel_queue, 5)
-            during.extend(rounds)
-            slowest = sorted([*slowest, (max(rounds), at)], reverse=True)[:3]
-        elapsed = time.perf_counter() - started
-    finally:
-        for pk, days in kept.items():
-            Queue.objects.filter(pk=pk).update(retention_days=days)
+    with timing_settings(sel_queue):
+        idle = _time_rounds(sel_queue, selector_rounds)
+        report.add("selector round p50 idle", statistics.median(idle), "ms")
+        report.add("selector round p95 idle", percentile(idle, 0.95), "ms")
+        elapsed, during, slowest, child, out = _prune_timing_rounds(sel_queue, retention_days,
+                                                                    minutes)
     if child.returncode != 0:
         raise RuntimeError(f"the sweeper steps failed (exit {child.returncode})")
     result = json.loads(out.read_text())
@@ -137,6 +127,35 @@ def run_retention(*, retention_days: int, minutes: float, selector_queue: str,
                         "files shrink only with VACUUM FULL or pg_repack.")
     return report
 
+
+def _prune_timing_rounds(sel_queue: Queue, retention_days: int, minutes: float):
+    """Runs the sweeper's steps in a child process with every queue's retention shortened,
+    timing selector rounds here until the child ends; the retention is put back, and the child
+    stopped if the timing fails."""
+    kept = dict(Queue.objects.values_list("pk", "retention_days"))
+    Queue.objects.update(retention_days=retention_days)
+    out = RESULTS_DIR / "retention-steps.json"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    child = None
+    try:
+        child = processes.start(["-c", CHILD_SCRIPT, str(minutes), str(out)],
+                                {"DJANGO_SETTINGS_MODULE": "queueadmin.settings",
+                                 "DEBUG": "false"})
+        during: list[float] = []
+        slowest: list[tuple[float, datetime]] = []
+        while child.poll() is None:
+            at = datetime.now(UTC)
+            rounds = _time_rounds(sel_queue, 5)
+            during.extend(rounds)
+            slowest = sorted([*slowest, (max(rounds), at)], reverse=True)[:3]
+        elapsed = time.perf_counter() - started
+    finally:
+        if child is not None and child.poll() is None:
+            processes.stop([child])
+        for pk, days in kept.items():
+            Queue.objects.filter(pk=pk).update(retention_days=days)
+    return elapsed, during, slowest, child, out
 
 def _size_mb(model) -> float:
     with connection.cursor() as cursor:

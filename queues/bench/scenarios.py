@@ -11,6 +11,7 @@ import random
 import statistics
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -177,8 +178,6 @@ def run_selector(*, datasets: list[str], rounds: int, fairness_rounds: int,
         queue = Queue.objects.filter(key=key).first()
         if queue is None or not Item.objects.filter(queue=queue).exists():
             raise ValueError(f"queue {key!r} does not exist or holds no items: seed it first")
-        Queue.objects.filter(pk=queue.pk).update(**SELECTOR_SETTINGS)
-        queue.refresh_from_db()
         targets.append((key, queue))
     for name in datasets:
         items, accounts = SELECTOR_DATASETS[name]
@@ -189,12 +188,14 @@ def run_selector(*, datasets: list[str], rounds: int, fairness_rounds: int,
         targets.append((name, queue))
     for name, queue in targets:
         _vacuum_items()
-        if working_clusters:
-            latencies, ended = _rounds_while_working(queue, working_clusters, working_seconds)
-            report.add(f"{name}: rounds the clusters ran", len(latencies), "rounds")
-            report.add(f"{name}: attempts the clusters ended", ended, "items/s")
-        else:
-            latencies = _time_rounds(queue, rounds)
+        with timing_settings(queue):
+            if working_clusters:
+                latencies, ended = _rounds_while_working(queue, working_clusters,
+                                                         working_seconds)
+                report.add(f"{name}: rounds the clusters ran", len(latencies), "rounds")
+                report.add(f"{name}: attempts the clusters ended", ended, "items/s")
+            else:
+                latencies = _time_rounds(queue, rounds)
         log(f"{name}: round p50 {percentile(latencies, 0.5):.1f} ms, "
             f"p95 {percentile(latencies, 0.95):.1f} ms")
         report.add(f"{name}: round p50", percentile(latencies, 0.5), "ms")
@@ -207,22 +208,43 @@ def run_selector(*, datasets: list[str], rounds: int, fairness_rounds: int,
     return report
 
 
+@contextmanager
+def timing_settings(queue: Queue):
+    """The queue set as SELECTOR_SETTINGS while its rounds are timed, and put back after. A
+    freshly seeded queue holds its default concurrency's worth of dispatched and running items
+    that no cluster holds, so at its own settings every round would find it full."""
+    fields = list(SELECTOR_SETTINGS)
+    kept = Queue.objects.filter(pk=queue.pk).values(*fields).get()
+    Queue.objects.filter(pk=queue.pk).update(**SELECTOR_SETTINGS)
+    queue.refresh_from_db(fields=fields)
+    try:
+        yield queue
+    finally:
+        Queue.objects.filter(pk=queue.pk).update(**kept)
+        queue.refresh_from_db(fields=fields)
+
+
 def _time_rounds(queue: Queue, rounds: int) -> list[float]:
     """Milliseconds per selector round (demand, plan, claim, dispatch, cursor, task row). Each
     round's items are put back to ready afterwards, untimed, so every round sees the same
-    backlog; the bench's worker tasks are deleted at the end."""
+    backlog; the bench's worker tasks are deleted at the end. Rounds that take nothing time
+    only the check that the queue is full, paused or empty: that is refused, not reported."""
     from django_q.models import OrmQ
 
     first_task = OrmQ.objects.order_by("-id").values_list("id", flat=True).first() or 0
-    latencies = []
+    latencies, taken = [], 0
     for _ in range(rounds):
         started = time.perf_counter()
         result = selector.run_round(queue)
         latencies.append((time.perf_counter() - started) * 1000)
+        taken += len(result.item_ids)
         lifecycle.apply("cancel", result.item_ids, actor="bench")
         lifecycle.apply("requeue", result.item_ids, actor="bench")
         counters.rollup()  # the sweeper's job in production
     OrmQ.objects.filter(id__gt=first_task).delete()
+    if rounds and not taken:
+        raise RuntimeError(f"the selector's rounds on {queue.key!r} took no items (the queue is "
+                           f"full, paused or holds nothing ready): their times would say nothing")
     return latencies
 
 
@@ -724,9 +746,10 @@ def _sum_of(plan: dict, key: str) -> int:
 
 # --- bulk --------------------------------------------------------------------------------------
 
-def _bulk_backlog(queue: Queue, status: str, items: int, days: int):
-    """`items` items in `status`, enqueued over the last `days` days (bench set-up only: one
-    INSERT ... SELECT, then the queue's counters set from an exact count)."""
+def _bulk_backlog(queue: Queue, status: str, items: int, days: int, accounts: int = 1000):
+    """`items` items in `status` of `accounts` accounts, enqueued over the last `days` days
+    (bench set-up only: one INSERT ... SELECT, then the queue's counters set from an exact
+    count)."""
     from queues.models import StatusCount
 
     run = f"b{int(time.time() * 1000):x}"
@@ -735,12 +758,12 @@ def _bulk_backlog(queue: Queue, status: str, items: int, days: int):
             f"INSERT INTO {Item._meta.db_table} (queue_id, account, identifier, payload, "
             "priority, status, previous_status, attempts, run_at, last_error, created_at, "
             "updated_at, finished_at) "
-            "SELECT %s, 'acct-' || lpad((n %% 1000)::text, 4, '0'), %s || '-' || n, '{}', 0, %s, "
+            "SELECT %s, 'acct-' || lpad((n %% %s)::text, 4, '0'), %s || '-' || n, '{}', 0, %s, "
             "'', 1, now(), CASE WHEN %s = 'failed' THEN 'partner answered 503' ELSE '' END, "
             "now() - (n::float / %s) * make_interval(days => %s), now(), "
             "CASE WHEN %s = 'failed' THEN now() ELSE NULL END "
             "FROM generate_series(1, %s) AS n",
-            [queue.pk, run, status, status, items, days, status, items])
+            [queue.pk, accounts, run, status, status, items, days, status, items])
         # As autovacuum would soon: the planner must know the new rows are there.
         cursor.execute(f"ANALYZE {Item._meta.db_table}")
     for status_, count in counters.exact_counts([queue.pk])[queue.pk].items():
@@ -774,8 +797,6 @@ def run_bulk(*, items: int, selector_rounds: int, selector_queue: str = BULK_SEL
     items, each run step by step in a child process; while they run, selector rounds on a
     selector data set (the 1M-item one unless told) are timed here and compared with its idle
     rounds."""
-    from queues.engine import bulk
-
     if connection.vendor != "postgresql":
         raise RuntimeError("bench bulk needs PostgreSQL")
     report = Report("bulk", {"items": items, "selector_queue": selector_queue})
@@ -784,45 +805,83 @@ def run_bulk(*, items: int, selector_rounds: int, selector_queue: str = BULK_SEL
         raise RuntimeError(f"no queue {selector_queue}: run `bench selector --dataset "
                            f"{selector_queue.removeprefix('bench-sel-')}` first")
     _vacuum_items()
-    idle = _time_rounds(sel_queue, selector_rounds)
-    report.add("selector round p95 idle", percentile(idle, 0.95), "ms")
     now = timezone.now()
-    for kind, status in (("retry", "failed"), ("cancel", "queued")):
-        queue = bench_queue(f"bench-bulk-{kind}", paused=True)
-        Item.objects.filter(queue=queue).delete()
-        _bulk_backlog(queue, status, items, days=6)
-        started = time.perf_counter()
-        bulk_filter = bulk.BulkFilter.build(queue, kind, [status], now - timedelta(days=7),
-                                            timezone.now() + timedelta(minutes=1))
-        preview = bulk.preview(bulk_filter)
-        preview_ms = (time.perf_counter() - started) * 1000
-        operation = bulk.start(preview.filter, expected=preview.eligible,
-                               filter_hash=preview.filter.digest(), actor="bench")
-        # The steps run in a child process, as in a worker; this one times selector rounds
-        # meanwhile, so the two do not share an interpreter.
-        out = RESULTS_DIR / f"bulk-{kind}-steps.json"
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        child = processes.start(["-c", STEPS_SCRIPT, str(operation.pk), str(out)],
-                                {"DJANGO_SETTINGS_MODULE": "queueadmin.settings",
-                                 "DEBUG": "false"})
-        during: list[float] = []
+    with timing_settings(sel_queue):
+        idle = _time_rounds(sel_queue, selector_rounds)
+        report.add("selector round p95 idle", percentile(idle, 0.95), "ms")
+        for kind, status in (("retry", "failed"), ("cancel", "queued")):
+            _bulk_operation(report, kind, status, items, now, sel_queue, log)
+    report.add("retry: preview of one account's failures", _account_preview_ms(items, now), "ms")
+    return report
+
+
+def _bulk_operation(report: Report, kind: str, status: str, items: int, now, sel_queue: Queue,
+                    log):
+    """One bulk operation over `items` items in `status` of a queue of its own, previewed,
+    started and run step by step in a child process while selector rounds are timed here."""
+    from queues.engine import bulk
+
+    queue = bench_queue(f"bench-bulk-{kind}", paused=True)
+    Item.objects.filter(queue=queue).delete()
+    _bulk_backlog(queue, status, items, days=6)
+    started = time.perf_counter()
+    bulk_filter = bulk.BulkFilter.build(queue, kind, [status], now - timedelta(days=7),
+                                        timezone.now() + timedelta(minutes=1))
+    preview = bulk.preview(bulk_filter)
+    preview_ms = (time.perf_counter() - started) * 1000
+    operation = bulk.start(preview.filter, expected=preview.eligible,
+                           filter_hash=preview.filter.digest(), actor="bench")
+    # The steps run in a child process, as in a worker; this one times selector rounds
+    # meanwhile, so the two do not share an interpreter.
+    out = RESULTS_DIR / f"bulk-{kind}-steps.json"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    child = processes.start(["-c", STEPS_SCRIPT, str(operation.pk), str(out)],
+                            {"DJANGO_SETTINGS_MODULE": "queueadmin.settings",
+                             "DEBUG": "false"})
+    during: list[float] = []
+    try:
         while child.poll() is None:
             during.extend(_time_rounds(sel_queue, 5))
-        total = time.perf_counter() - started
-        if child.returncode != 0:
-            raise RuntimeError(f"the bulk steps failed (exit {child.returncode})")
-        steps = json.loads(out.read_text())
-        operation.refresh_from_db()
-        log(f"bulk {kind}: {operation.changed} changed in {total:.1f} s, {len(steps)} steps")
-        report.add(f"{kind}: items changed", operation.changed, "items")
-        report.add(f"{kind}: preview", preview_ms, "ms")
-        report.add(f"{kind}: total time", total, "s")
-        report.add(f"{kind}: longest step (one transaction)", max(steps), "ms")
-        report.add(f"{kind}: step p50", statistics.median(steps), "ms")
-        if during:
-            report.add(f"{kind}: selector round p95 during", percentile(during, 0.95), "ms")
-        Item.objects.filter(queue=queue).delete()
-    return report
+    finally:
+        if child.poll() is None:
+            processes.stop([child])
+    total = time.perf_counter() - started
+    if child.returncode != 0:
+        raise RuntimeError(f"the bulk steps failed (exit {child.returncode})")
+    steps = json.loads(out.read_text())
+    operation.refresh_from_db()
+    log(f"bulk {kind}: {operation.changed} changed in {total:.1f} s, {len(steps)} steps")
+    report.add(f"{kind}: items changed", operation.changed, "items")
+    report.add(f"{kind}: preview", preview_ms, "ms")
+    report.add(f"{kind}: total time", total, "s")
+    report.add(f"{kind}: longest step (one transaction)", max(steps), "ms")
+    report.add(f"{kind}: step p50", statistics.median(steps), "ms")
+    if during:
+        report.add(f"{kind}: selector round p95 during", percentile(during, 0.95), "ms")
+    Item.objects.filter(queue=queue).delete()
+
+
+def _account_preview_ms(items: int, now) -> float:
+    """Median of 3 previews of a retry of `items` failures of one account, written a moment
+    before (not yet vacuumed): the totals are per queue and status, so a filter by account
+    counts its items in range one by one, the costliest preview there is."""
+    from queues.engine import bulk
+
+    queue = bench_queue("bench-bulk-account", paused=True)
+    Item.objects.filter(queue=queue).delete()
+    _bulk_backlog(queue, "failed", items, days=6, accounts=1)
+    bulk_filter = bulk.BulkFilter.build(queue, "retry", ["failed"], now - timedelta(days=7),
+                                        timezone.now() + timedelta(minutes=1),
+                                        account="acct-0000")
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        preview = bulk.preview(bulk_filter)
+        times.append((time.perf_counter() - started) * 1000)
+    if preview.eligible != items:
+        raise RuntimeError(f"the account's preview counted {preview.eligible} of {items} items")
+    Item.objects.filter(queue=queue).delete()
+    return statistics.median(times)
 
 
 # --- stream ------------------------------------------------------------------------------------

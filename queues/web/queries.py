@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 from django.core import signing
 from django.db import connection
-from django.db.models import Count, Q
+from django.db.models import Q
 
 from queues.engine import counters, forecast
 from queues.engine.account_stats import recent_service
@@ -418,6 +418,7 @@ class AccountRow:
     at_ready_limit: bool = False  # its enqueues are refused (429) until its backlog shrinks
     capped: bool = False  # more than LIVE_LIMIT ready: backlog, due and wait are lower bounds
     ranked_backlog: int | None = None  # when capped: its backlog at the sweeper's ranking
+    in_flight_capped: bool = False  # more in flight than the page reads: a lower bound
 
 
 @dataclass
@@ -437,7 +438,7 @@ class AccountsPage:
 
     @property
     def capped(self) -> bool:
-        return any(row.capped for row in self.rows)
+        return any(row.capped or row.in_flight_capped for row in self.rows)
 
     @property
     def live_limit(self) -> int:
@@ -469,11 +470,15 @@ def accounts_page(queue: Queue, data: dict, now: datetime) -> AccountsPage:
     for account, backlog in (AccountStat.objects.filter(queue=queue, account__in=capped)
                              .values_list("account", "backlog") if capped else ()):
         rows[account].ranked_backlog = backlog
-    for account, n in (Item.objects.filter(queue=queue, account__in=accounts,
-                                           status__in=IN_FLIGHT_STATUSES)
-                       .values("account").annotate(n=Count("id")).values_list("account", "n")):
-        rows[account].in_flight = n
-    for policy in AccountPolicy.objects.filter(queue=queue, account__in=accounts):
+    policies = {policy.account: policy
+                for policy in AccountPolicy.objects.filter(queue=queue, account__in=accounts)}
+    # An account's cap is read whole, so that "at its cap" is exact.
+    limits = {account: max(LIVE_LIMIT, getattr(policies.get(account), "max_in_flight", 0) or 0)
+              for account in accounts}
+    for account, n in live_in_flight(queue, limits):
+        rows[account].in_flight = min(n, limits[account])
+        rows[account].in_flight_capped = n > limits[account]
+    for policy in policies.values():
         row = rows[policy.account]
         row.weight, row.max_in_flight, row.paused = (policy.weight, policy.max_in_flight,
                                                      policy.paused)
@@ -524,6 +529,32 @@ def live_backlogs(queue: Queue, accounts: list[str], now: datetime) -> list[tupl
         cursor.execute(sql, params)
         return [(account, n, due, from_db_datetime(oldest))
                 for account, n, due, oldest in cursor.fetchall()]
+
+
+def live_in_flight(queue: Queue, limits: dict[str, int]) -> list[tuple[str, int]]:
+    """(account, dispatched and running items) read now, each count stopping past the
+    account's limit, in one statement: an order by backlog puts the biggest accounts on one
+    page, and a queue with a high concurrency can hold tens of thousands of their items in
+    flight (56,795 for one page at 10M items: 553 ms counted whole)."""
+    if not limits:
+        return []
+    in_flight = ", ".join(f"'{status}'" for status in IN_FLIGHT_STATUSES)
+    take = (f"SELECT 1 FROM {Item._meta.db_table} WHERE queue_id = %s AND account = {{account}} "
+            f"AND status IN ({in_flight}) LIMIT {{limit}}")
+    if is_postgres():
+        sql = (f"SELECT a.account, COUNT(*) FROM unnest(%s::text[], %s::int[]) AS a(account, "
+               f"most) CROSS JOIN LATERAL ({take.format(account='a.account', limit='a.most + 1')})"
+               f" AS held GROUP BY a.account")
+        params = [list(limits), list(limits.values()), queue.pk]
+    else:
+        parts = " UNION ALL ".join(
+            [f"SELECT %s AS account FROM ({take.format(account='%s', limit='%s')})"] * len(limits))
+        sql = f"SELECT account, COUNT(*) FROM ({parts}) GROUP BY account"
+        params = [p for account, most in limits.items()
+                  for p in (account, queue.pk, account, most + 1)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def ranked_accounts(queue: Queue, sort: str, after: tuple | None,

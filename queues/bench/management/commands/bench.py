@@ -32,8 +32,9 @@ class Command(BaseCommand):
                             help="repeat to pick several (default: all, unless --queue)")
         select.add_argument("--queue", action="append", default=[],
                             help="time an already seeded queue instead (repeatable), e.g. "
-                                 "bench-0 after bench seed --items 10000000; sets its batch "
-                                 "to 60 and lifts its concurrency and rate limits")
+                                 "bench-0 after bench seed --items 10000000; its batch is 60 "
+                                 "and its concurrency and rate limits are lifted while it "
+                                 "is timed, then put back")
         select.add_argument("--rounds", type=int, default=200)
         select.add_argument("--working-clusters", type=int, default=0,
                             help="instead of timing rounds here, let this many clusters work "
@@ -82,7 +83,8 @@ class Command(BaseCommand):
         bulk.add_argument("--items", type=int, default=100_000)
         bulk.add_argument("--selector-rounds", type=int, default=100)
         bulk.add_argument("--selector-queue", default=bench.BULK_SELECTOR_QUEUE,
-                          help="the data set queue whose rounds are timed meanwhile")
+                          help="the queue whose rounds are timed meanwhile: a data set's, "
+                               "or one `bench seed` filled")
         api = scenarios.add_parser(
             "api", help="Items/s accepted through the JSON API over real HTTP.")
         api.add_argument("--items", type=int, default=100_000, help="items sent in batches")
