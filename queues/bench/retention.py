@@ -157,6 +157,7 @@ def _prune_timing_rounds(sel_queue: Queue, retention_days: int, minutes: float):
             Queue.objects.filter(pk=pk).update(retention_days=days)
     return elapsed, during, slowest, child, out
 
+
 def _size_mb(model) -> float:
     with connection.cursor() as cursor:
         # A partitioned table's own size is 0: its partitions hold the rows. A plain table
