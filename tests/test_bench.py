@@ -136,7 +136,9 @@ def test_bench_selector_reports_the_rounds_real_clusters_ran_working_through_the
                                         at__gte=started).exists()
 
 
-@pytest.mark.django_db
+# Transactional: on PostgreSQL the seed commits on connections of its own, which a test
+# transaction would not roll back.
+@pytest.mark.django_db(transaction=True)
 def test_timed_rounds_that_take_nothing_are_refused_not_reported():
     from queues.bench import seeding
 
