@@ -5,7 +5,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
@@ -346,6 +346,26 @@ def test_the_selector_loop_waits_out_failing_statements_and_dispatches_everythin
     assert failed
     assert taken == {queue.key: 12}
     assert Item.objects.filter(status=Status.DISPATCHED).count() == 12
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_loop_whose_database_goes_away_as_it_ends_still_reports_what_it_took():
+    queue = QueueFactory(batch_size=5)
+    put(queue, "acme", 3)
+
+    def unlisten_fails(execute, sql, params, many, context):
+        if sql.startswith("UNLISTEN"):
+            raise OperationalError("terminating connection due to administrator command")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(unlisten_fails):
+        taken = selector.tick(seconds=0.3, idle_sleep=0.1)
+    assert taken == {queue.key: 3}
+    # Closed, so the worker's next task does not inherit its subscription.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_listening_channels()")
+        assert cursor.fetchone() == (0,)
 
 
 def test_the_selector_loop_folds_the_counter_deltas_that_rounds_read():

@@ -247,8 +247,13 @@ class _Wakeups:
     def __exit__(self, *exc):
         if self.listening is not None and self.listening is connection.connection:
             # The connection outlives this task in the worker: stop collecting notifications.
-            with connection.cursor() as cursor:
-                cursor.execute("UNLISTEN *")
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("UNLISTEN *")
+            except DatabaseError:
+                # The database went away as the loop ended: closing the connection drops its
+                # subscriptions too, and the items taken are already committed.
+                connection.close()
 
 
 @dataclass(frozen=True)
