@@ -1,4 +1,5 @@
 import itertools
+from datetime import timedelta
 
 import factory
 from django.utils import timezone
@@ -98,3 +99,20 @@ def run_one_round(queue_key: str) -> dict:
         return run_batch(queue.pk, batch)
     finally:
         Queue.objects.filter(pk=queue.pk).update(paused=False)
+
+
+def failures_finished_in_reverse_order(queue):
+    """Seven failures enqueued one by one and finished latest-enqueued first, in pairs that
+    share a finish time (a bulk cancel or one batch's outcomes do), and one failure from two
+    days ago. Returns the identifiers latest finished first."""
+    from queues.models import Item
+
+    now = timezone.now()
+    for i, item in enumerate(items_in_status(queue, "failed", 7, prefix="f")):
+        Item.objects.filter(pk=item.pk).update(
+            created_at=now - timedelta(hours=1) + timedelta(minutes=i),
+            finished_at=now - timedelta(minutes=10 + i // 2))
+    [old] = items_in_status(queue, "failed", 1, prefix="old")
+    Item.objects.filter(pk=old.pk).update(finished_at=now - timedelta(days=2))
+    items_in_status(queue, "complete", 1, prefix="done")
+    return ["f-1", "f-0", "f-3", "f-2", "f-5", "f-4", "f-6"]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from queues.web import export
-from tests.factories import QueueFactory, items_in_status
+from tests.factories import QueueFactory, failures_finished_in_reverse_order, items_in_status
 
 pytestmark = pytest.mark.django_db
 
@@ -28,6 +28,15 @@ def test_csv_export_streams_the_filtered_items_newest_first(role_client, queue):
     rows = list(csv.DictReader(io.StringIO(download(response))))
     assert [row["identifier"] for row in rows] == ["f-2", "f-1", "f-0"]
     assert {row["status"] for row in rows} == {"failed"}
+
+
+def test_an_export_of_recent_failures_follows_the_list_latest_finished_first(
+        role_client, queue, monkeypatch):
+    monkeypatch.setattr(export, "CHUNK", 2)
+    expected = failures_finished_in_reverse_order(queue)
+    body = json.loads(download(role_client("Viewer").get(
+        "/queues/emails/export.json", {"status": "failed", "period": "24h"})))
+    assert [item["identifier"] for item in body["items"]] == expected
 
 
 def test_json_export_says_whether_it_was_cut(role_client, queue, monkeypatch):

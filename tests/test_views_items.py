@@ -10,7 +10,13 @@ from queues import enqueue
 from queues.engine.handlers import TASK_HANDLER
 from queues.models import Item
 from queues.web import queries
-from tests.factories import AccountPolicyFactory, QueueFactory, enqueued, items_in_status
+from tests.factories import (
+    AccountPolicyFactory,
+    QueueFactory,
+    enqueued,
+    failures_finished_in_reverse_order,
+    items_in_status,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -93,6 +99,37 @@ def test_keyset_pages_walk_every_item_once(role_client, queue, monkeypatch):
         cursor = response.context["page"].next_cursor
         url = f"/queues/emails/?before={cursor}" if cursor else None
     assert len(seen) == 10 and len(set(seen)) == 10
+
+
+def test_failures_of_the_last_day_list_the_latest_finished_first_page_by_page(
+        role_client, queue, monkeypatch):
+    monkeypatch.setattr(queries, "PAGE_SIZE", 3)
+    expected = failures_finished_in_reverse_order(queue)
+    client = role_client("Viewer")
+    seen, url = [], "/queues/emails/?status=failed&period=24h"
+    while url:
+        response = client.get(url)
+        assert "latest finished first" in response.content.decode()
+        seen += identifiers(response)
+        cursor = response.context["page"].next_cursor
+        url = f"/queues/emails/?status=failed&period=24h&before={cursor}" if cursor else None
+    assert seen == expected
+
+
+def test_a_page_position_from_a_list_in_another_order_is_refused(role_client, queue,
+                                                                  monkeypatch):
+    monkeypatch.setattr(queries, "PAGE_SIZE", 3)
+    failures_finished_in_reverse_order(queue)
+    client = role_client("Viewer")
+    cursor = client.get("/queues/emails/?status=failed&period=24h").context["page"].next_cursor
+    response = client.get(f"/queues/emails/?period=24h&before={cursor}")
+    assert response.status_code == 400
+    assert b"Not a page position of this list" in response.content
+    # The same range on the enqueue clock goes by enqueue time, the newest first: the old
+    # failure was enqueued last.
+    response = client.get("/queues/emails/?status=failed&period=24h&clock=enqueued")
+    assert identifiers(response) == ["old-0", "f-6", "f-5"]
+    assert "newest first" in response.content.decode()
 
 
 def test_counts_are_exact_up_to_the_limit_then_plus(role_client, queue, monkeypatch):

@@ -578,10 +578,10 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
     client = Client(HTTP_HOST="localhost")
     client.force_login(user)
     now = timezone.now()
-    data = {"status": [], "cursor": None}
+    deep = ""
     for _ in range(49):  # the cursor of page 50, walked as a person clicking "Older" would
-        data["cursor"] = queries.parse_cursor(queries.item_page(queue, data, now).next_cursor)
-    deep = f"{queries._micros(data['cursor'][0])}-{data['cursor'][1]}"
+        data = {"status": [], "cursor": queries.parse_cursor(deep) if deep else None}
+        deep = queries.item_page(queue, data, now).next_cursor
     failed, failed_identifier = (
         Item.objects.filter(queue=queue, status="failed").order_by("-created_at", "-id")
         .values_list("pk", "identifier").first())

@@ -7,10 +7,9 @@ from collections.abc import Iterable, Iterator
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
-from django.db.models import Q
 from django.http import StreamingHttpResponse
 
-from queues.models import Item, Queue, Status
+from queues.models import Item, Queue
 from queues.web import queries
 from queues.web.masking import mask_payload
 
@@ -65,24 +64,21 @@ class Echo:
 
 
 def items(queue: Queue, data: dict):
-    """The filtered items newest first, chunk by chunk, at most MAX_ROWS; then None if more
-    were left out."""
-    statuses = data.get("status") or list(Status.values)
+    """The filtered items in the list's order (newest first), chunk by chunk, at most MAX_ROWS;
+    then None if more were left out."""
+    order = queries.list_order(data)
+    statuses = queries.listed_statuses(data, order)
     base = queries.filtered_items(queue, data)
-    cursor, sent = None, 0
+    position, sent = None, 0
     while sent < MAX_ROWS:
-        page = base
-        if cursor:
-            created, pk = cursor
-            page = page.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=pk),
-                               created_at__lte=created)
+        page = queries.older_than(base, order, position) if position else base
         wanted = min(CHUNK, MAX_ROWS - sent)
-        chunk = queries.newest_first(page, statuses, wanted + 1)
+        chunk = queries.newest_first(page, statuses, wanted + 1, order)
         yield from chunk[:wanted]
         if len(chunk) <= wanted:
             return
         sent += wanted
-        cursor = (chunk[wanted - 1].created_at, chunk[wanted - 1].pk)
+        position = queries.position_of(chunk[wanted - 1], order)
     yield None
 
 

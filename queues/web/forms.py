@@ -25,7 +25,7 @@ from queues.models import (
     UserPreference,
     time_in_bounds,
 )
-from queues.web.queries import ACCOUNT_ORDERS, parse_account_cursor, parse_cursor
+from queues.web.queries import ACCOUNT_ORDERS, list_order, parse_account_cursor, parse_cursor
 
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 MAX_RANGE = timedelta(days=366)
@@ -146,6 +146,10 @@ class ItemFilterForm(TimeRangeForm, ItemFilters):
         check_range(self, data.get("created_from"), data.get("created_to"))
         data["clock"] = data.get("clock") or natural_list_clock(data.get("status"))
         data["cursor"] = parse_cursor(data["before"]) if data.get("before") else None
+        if data["cursor"] and len(data["cursor"]) != len(list_order(data)):
+            # A page of this list in another order (its clock or statuses changed).
+            self.add_error("before", "Not a page position of this list; start again from its "
+                                     "first page.")
         return data
 
     def bulk_query(self, kind: str) -> str | None:

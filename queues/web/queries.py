@@ -24,6 +24,7 @@ from queues.engine.errors import group_pattern, normalise_error
 from queues.engine.forecast import NextRun
 from queues.engine.lifecycle import retry_delay
 from queues.models import (
+    FINISHED_STATUSES,
     IN_FLIGHT_STATUSES,
     READY_STATUSES,
     AccountPolicy,
@@ -190,6 +191,7 @@ class ItemPage:
     total: str  # "1,234" or "10,000+"
     total_count: int  # the number behind it, for plurals
     next_runs: dict[int, NextRun]  # waiting items: when they run, or what holds them
+    by_finish: bool = False  # the latest finished first, else the latest enqueued
 
 
 def filtered_items(queue: Queue, data: dict):
@@ -217,36 +219,75 @@ def filtered_items(queue: Queue, data: dict):
     return items
 
 
-def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
+# A list's order, newest first, as the fields of its keyset (the last one unique).
+ENQUEUED_ORDER = ("created_at", "id")
+# item_finished_status_idx's order, so a page of the latest failures reads an index range
+# instead of sorting every failure in the range.
+FINISHED_ORDER = ("finished_at", "created_at", "id")
+
+
+def list_order(data: dict) -> tuple[str, ...]:
+    """Ended items ranged over the finish clock go by when they ended, the latest first: what
+    "failed in the last 24 hours" means. Any other list goes by when its items were enqueued,
+    the time every item has."""
     statuses = data.get("status") or list(Status.values)
+    bounded = data.get("created_from") or data.get("created_to")
+    if data.get("clock") == "finished" and (bounded or set(statuses) <= set(FINISHED_STATUSES)):
+        return FINISHED_ORDER
+    return ENQUEUED_ORDER
+
+
+def listed_statuses(data: dict, order: tuple[str, ...]) -> list[str]:
+    statuses = data.get("status") or list(Status.values)
+    if order == FINISHED_ORDER:
+        # Only ended items have a finish time: a scan of the others would find nothing.
+        return [s for s in statuses if s in FINISHED_STATUSES]
+    return statuses
+
+
+def older_than(items, order: tuple[str, ...], position: tuple):
+    """The items after `position` (the values of `order`) newest first. The first condition
+    lets the index range start at the position; the rest break ties."""
+    *times, pk = position
+    after = Q(id__lt=pk)
+    for name, value in reversed(list(zip(order[:-1], times, strict=True))):
+        after = Q(**{f"{name}__lt": value}) | (Q(**{name: value}) & after)
+    return items.filter(after, **{f"{order[0]}__lte": times[0]})
+
+
+def position_of(item: Item, order: tuple[str, ...]) -> tuple:
+    return tuple(getattr(item, name) for name in order)
+
+
+def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
+    order = list_order(data)
     base = filtered_items(queue, data)
-    cursor = data.get("cursor")
-    page = base
-    if cursor:
-        created, pk = cursor
-        # The first condition lets the index range start at the cursor; the second breaks ties.
-        page = page.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=pk),
-                           created_at__lte=created)
-    rows = newest_first(page, statuses, PAGE_SIZE + 1)
+    page = older_than(base, order, data["cursor"]) if data.get("cursor") else base
+    rows = newest_first(page, listed_statuses(data, order), PAGE_SIZE + 1, order)
     items, more = rows[:PAGE_SIZE], len(rows) > PAGE_SIZE
-    next_cursor = f"{_micros(items[-1].created_at)}-{items[-1].pk}" if more else ""
+    next_cursor = page_cursor(position_of(items[-1], order)) if more else ""
     total, exact = _total(queue, base, data)
     return ItemPage(items=items, next_cursor=next_cursor,
                     total=f"{total:,}" if exact else f"{total:,}+", total_count=total,
-                    next_runs=forecast.next_runs(queue, items, now))
+                    next_runs=forecast.next_runs(queue, items, now),
+                    by_finish=order == FINISHED_ORDER)
 
 
-def newest_first(items, statuses: list[str], limit: int) -> list[Item]:
+def newest_first(items, statuses: list[str], limit: int,
+                 order: tuple[str, ...] = ENQUEUED_ORDER) -> list[Item]:
     """Newest first across statuses in one statement: one index-ordered scan per status
-    (the index leads with queue and status) merged by the outer ORDER BY, never a sort of
+    (the indexes lead with queue and status) merged by the outer ORDER BY, never a sort of
     every matching row."""
+    if not statuses:
+        return []
     parts, params = [], []
     for status in statuses:
-        query = items.filter(status=status).order_by("-created_at", "-id")[:limit].query
+        query = items.filter(status=status).order_by(*[f"-{name}" for name in order])[:limit].query
         sql, part_params = query.sql_with_params()
         parts.append(f"SELECT * FROM ({sql}) AS s{len(parts)}")
         params += part_params
-    sql = " UNION ALL ".join(parts) + f" ORDER BY created_at DESC, id DESC LIMIT {int(limit)}"
+    sql = (" UNION ALL ".join(parts) + " ORDER BY "
+           + ", ".join(f"{name} DESC" for name in order) + f" LIMIT {int(limit)}")
     return list(Item.objects.raw(sql, params))
 
 
@@ -270,15 +311,21 @@ def _micros(moment: datetime) -> int:
     return (moment - EPOCH) // timedelta(microseconds=1)
 
 
-def parse_cursor(raw: str) -> tuple[datetime, int] | None:
-    micros, sep, pk = raw.partition("-")
-    if not (sep and micros.isdigit() and pk.isdigit()):
+def page_cursor(position: tuple) -> str:
+    *times, pk = position
+    return "-".join([*(str(_micros(moment)) for moment in times), str(pk)])
+
+
+def parse_cursor(raw: str) -> tuple | None:
+    """The position page_cursor wrote: its times, then the id."""
+    parts = raw.split("-")
+    if not (2 <= len(parts) <= len(FINISHED_ORDER) and all(p.isdigit() for p in parts)):
         return None
     try:
-        created = EPOCH + timedelta(microseconds=int(micros))
+        times = tuple(EPOCH + timedelta(microseconds=int(p)) for p in parts[:-1])
     except OverflowError:
         return None
-    return created, int(pk)
+    return (*times, int(parts[-1]))
 
 
 # --- item detail -------------------------------------------------------------------------------
