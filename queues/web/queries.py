@@ -547,58 +547,51 @@ def accounts_page(queue: Queue, data: dict, now: datetime) -> AccountsPage:
 
 
 def live_backlogs(queue: Queue, accounts: list[str], now: datetime) -> list[tuple]:
-    """(account, ready items, due ones, the oldest due time) read now, in one statement of one
-    short scan of the ready index per account that stops after LIVE_LIMIT + 1 items: an order
-    by backlog puts the biggest accounts on one page, whose every item counted would be
-    millions at scale. Past the limit, the figures are lower bounds."""
-    if not accounts:
-        return []
-    take = (f"SELECT account, run_at FROM {Item._meta.db_table} WHERE queue_id = %s "
-            f"AND account = {{account}} AND status IN ('queued', 'retry') "
-            f"LIMIT {LIVE_LIMIT + 1}")
-    figures = ("COUNT(*), SUM(CASE WHEN run_at <= %s THEN 1 ELSE 0 END), "
-               "MIN(CASE WHEN run_at <= %s THEN run_at END)")
+    """(account, ready items, due ones, the oldest due time) read now, each account's scan of
+    the ready index stopping after LIVE_LIMIT + 1 items: an order by backlog puts the biggest
+    accounts on one page, whose every item counted would be millions at scale. Past the limit,
+    the figures are lower bounds."""
     moment = to_db_datetime(now)
-    if is_postgres():
-        # One plan for every account, LATERAL running the scan per account (a UNION ALL of 50
-        # parts took PostgreSQL 12 ms to plan).
-        sql = (f"SELECT a.account, {figures} FROM unnest(%s::text[]) AS a(account) "
-               f"CROSS JOIN LATERAL ({take.format(account='a.account')}) AS ready "
-               f"GROUP BY a.account")
-        params = [moment, moment, accounts, queue.pk]
-    else:
-        # SQLite has no LATERAL; it plans a part per account in microseconds.
-        parts = " UNION ALL ".join([f"SELECT * FROM ({take.format(account='%s')})"] * len(
-            accounts))
-        sql = f"SELECT account, {figures} FROM ({parts}) GROUP BY account"
-        params = [moment, moment] + [p for account in accounts for p in (queue.pk, account)]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [(account, n, due, from_db_datetime(oldest))
-                for account, n, due, oldest in cursor.fetchall()]
+    rows = _per_account_scan(
+        queue, dict.fromkeys(accounts, LIVE_LIMIT + 1), READY_STATUSES, "run_at",
+        "COUNT(*), SUM(CASE WHEN run_at <= %s THEN 1 ELSE 0 END), "
+        "MIN(CASE WHEN run_at <= %s THEN run_at END)", [moment, moment])
+    return [(account, n, due, from_db_datetime(oldest)) for account, n, due, oldest in rows]
 
 
 def live_in_flight(queue: Queue, limits: dict[str, int]) -> list[tuple[str, int]]:
     """(account, dispatched and running items) read now, each count stopping past the
-    account's limit, in one statement: an order by backlog puts the biggest accounts on one
-    page, and a queue with a high concurrency can hold tens of thousands of their items in
-    flight (56,795 for one page at 10M items: 553 ms counted whole)."""
+    account's limit: a queue with a high concurrency can hold tens of thousands of the
+    biggest accounts' items in flight (56,795 for one page at 10M items: 553 ms counted
+    whole)."""
+    return _per_account_scan(queue, {account: most + 1 for account, most in limits.items()},
+                             IN_FLIGHT_STATUSES, "1", "COUNT(*)", [])
+
+
+def _per_account_scan(queue: Queue, limits: dict[str, int], statuses, columns: str,
+                      figures: str, figure_params: list) -> list[tuple]:
+    """(account, *figures) over at most `limits[account]` of each account's items in
+    `statuses` (reading `columns`), in one statement of one short index scan per account."""
     if not limits:
         return []
-    in_flight = ", ".join(f"'{status}'" for status in IN_FLIGHT_STATUSES)
-    take = (f"SELECT 1 FROM {Item._meta.db_table} WHERE queue_id = %s AND account = {{account}} "
-            f"AND status IN ({in_flight}) LIMIT {{limit}}")
+    listed = ", ".join(f"'{status}'" for status in statuses)
+    take = (f"SELECT account, {columns} FROM {Item._meta.db_table} WHERE queue_id = %s "
+            f"AND account = {{account}} AND status IN ({listed}) LIMIT {{limit}}")
     if is_postgres():
-        sql = (f"SELECT a.account, COUNT(*) FROM unnest(%s::text[], %s::int[]) AS a(account, "
-               f"most) CROSS JOIN LATERAL ({take.format(account='a.account', limit='a.most + 1')})"
-               f" AS held GROUP BY a.account")
-        params = [list(limits), list(limits.values()), queue.pk]
+        # One plan for every account, LATERAL running the scan per account (a UNION ALL of 50
+        # parts took PostgreSQL 12 ms to plan).
+        sql = (f"SELECT a.account, {figures} FROM unnest(%s::text[], %s::int[]) "
+               f"AS a(account, most) CROSS JOIN LATERAL "
+               f"({take.format(account='a.account', limit='a.most')}) AS taken "
+               f"GROUP BY a.account")
+        params = [*figure_params, list(limits), list(limits.values()), queue.pk]
     else:
+        # SQLite has no LATERAL; it plans a part per account in microseconds.
         parts = " UNION ALL ".join(
-            [f"SELECT %s AS account FROM ({take.format(account='%s', limit='%s')})"] * len(limits))
-        sql = f"SELECT account, COUNT(*) FROM ({parts}) GROUP BY account"
-        params = [p for account, most in limits.items()
-                  for p in (account, queue.pk, account, most + 1)]
+            [f"SELECT * FROM ({take.format(account='%s', limit='%s')})"] * len(limits))
+        sql = f"SELECT account, {figures} FROM ({parts}) GROUP BY account"
+        params = [*figure_params, *(p for account, most in limits.items()
+                                    for p in (queue.pk, account, most))]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
