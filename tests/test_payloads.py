@@ -6,7 +6,8 @@ from django.utils import timezone
 from queues import enqueue_many
 from queues.engine import bulk, payloads
 from queues.models import Item
-from tests.factories import QueueFactory
+from queues.web import queries
+from tests.factories import QueueFactory, items_in_status
 
 pytestmark = pytest.mark.django_db
 PAYLOADS = {
@@ -60,6 +61,21 @@ def test_the_item_list_filters_by_payload_and_says_what_is_wrong(role_client, qu
     refused = client.get("/queues/orders/", {"payload": "customer id"})
     assert refused.status_code == 400
     assert "Payload field: Write a payload field as path = value" in refused.content.decode()
+
+
+def test_a_payload_list_pages_newest_first_through_the_statuses_asked_for(role_client, queue,
+                                                                          monkeypatch):
+    monkeypatch.setattr(queries, "PAGE_SIZE", 2)
+    for status in ("failed", "running", "queued"):
+        items_in_status(queue, status, 2, prefix=status, payload={"customer": {"id": 7}})
+    client = role_client("Viewer")
+    query = "payload=customer.id+%3D+7&status=failed&status=queued&clock=enqueued"
+    seen, url = [], f"/queues/orders/?{query}"
+    while url:
+        page = client.get(url).context["page"]
+        seen += [item.identifier for item in page.items]
+        url = f"/queues/orders/?{query}&before={page.next_cursor}" if page.next_cursor else None
+    assert seen == ["queued-1", "queued-0", "failed-1", "failed-0", "n-43", "n-42"]
 
 
 def test_a_bulk_cancel_carries_the_payload_field(role_client, queue):

@@ -73,7 +73,8 @@ def items(queue: Queue, data: dict):
     while sent < MAX_ROWS:
         page = queries.older_than(base, order, position) if position else base
         wanted = min(CHUNK, MAX_ROWS - sent)
-        chunk = queries.newest_first(page, statuses, wanted + 1, order)
+        chunk = queries.newest_first(page, statuses, wanted + 1, order,
+                                     by_status=not data.get("payload"))
         yield from chunk[:wanted]
         if len(chunk) <= wanted:
             return

@@ -263,7 +263,8 @@ def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
     order = list_order(data)
     base = filtered_items(queue, data)
     page = older_than(base, order, data["cursor"]) if data.get("cursor") else base
-    rows = newest_first(page, listed_statuses(data, order), PAGE_SIZE + 1, order)
+    rows = newest_first(page, listed_statuses(data, order), PAGE_SIZE + 1, order,
+                        by_status=not data.get("payload"))
     items, more = rows[:PAGE_SIZE], len(rows) > PAGE_SIZE
     next_cursor = page_cursor(position_of(items[-1], order)) if more else ""
     total, exact = _total(queue, base, data)
@@ -274,12 +275,21 @@ def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
 
 
 def newest_first(items, statuses: list[str], limit: int,
-                 order: tuple[str, ...] = ENQUEUED_ORDER) -> list[Item]:
+                 order: tuple[str, ...] = ENQUEUED_ORDER, *, by_status: bool = True
+                 ) -> list[Item]:
     """Newest first across statuses in one statement: one index-ordered scan per status
     (the indexes lead with queue and status) merged by the outer ORDER BY, never a sort of
-    every matching row."""
+    every matching row.
+
+    `by_status=False` is for a filter whose own index finds its rows (a payload containment):
+    its matches are sorted whatever the statuses, and a part per status repeated that scan
+    and let PostgreSQL pair it with the in-flight indexes (55 ms at 10M items in one queue,
+    against 0.1 ms for one scan)."""
     if not statuses:
         return []
+    if not by_status:
+        ordered = items.filter(status__in=statuses).order_by(*[f"-{name}" for name in order])
+        return list(ordered[:limit])
     parts, params = [], []
     for status in statuses:
         query = items.filter(status=status).order_by(*[f"-{name}" for name in order])[:limit].query
