@@ -132,6 +132,7 @@ def test_a_retry_after_http_date_is_honoured(receiver, allow_local):
     ("Wed, 21 Oct 2015 07:28:00 GMT", 0),  # in the past: now
     ("soon", None),  # unreadable: the queue's backoff
     ("-5", None),
+    ("\u00b2", None),  # a digit to str.isdigit, not to float()
     (None, None),
 ])
 def test_retry_after_is_read_as_seconds_or_date_and_capped(header, delay):

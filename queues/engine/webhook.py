@@ -221,7 +221,7 @@ def retry_after(value: str | None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # isdigit alone passes "²", which float() refuses
         seconds = float(value)
     else:
         try:

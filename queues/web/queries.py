@@ -328,7 +328,9 @@ def page_cursor(position: tuple) -> str:
 def parse_cursor(raw: str) -> tuple | None:
     """The position page_cursor wrote: its times, then the id."""
     parts = raw.split("-")
-    if not (2 <= len(parts) <= len(FINISHED_ORDER) and all(p.isdigit() for p in parts)):
+    # isascii: str.isdigit also passes digits such as "²" that int() refuses.
+    if not (2 <= len(parts) <= len(FINISHED_ORDER) and raw.isascii()
+            and all(p.isdigit() for p in parts)):
         return None
     try:
         times = tuple(EPOCH + timedelta(microseconds=int(p)) for p in parts[:-1])
