@@ -30,6 +30,19 @@ def identifiers(response):
     return [item.identifier for item in response.context["page"].items]
 
 
+def walk(client, query: str, heading: str) -> list[str]:
+    """The identifiers of every page of the list, followed by its "Older" positions; each page
+    says its order in the heading."""
+    seen, url = [], f"/queues/emails/?{query}"
+    while url:
+        response = client.get(url)
+        assert heading in response.content.decode()
+        seen += identifiers(response)
+        cursor = response.context["page"].next_cursor
+        url = f"/queues/emails/?{query}&before={cursor}" if cursor else None
+    return seen
+
+
 def test_newest_first_with_every_column(role_client, queue):
     items_in_status(queue, "retry", 1, prefix="old")
     enqueued(queue, 1, prefix="new")
@@ -107,30 +120,16 @@ def test_failures_of_the_last_day_list_the_latest_finished_first_page_by_page(
         role_client, queue, monkeypatch):
     monkeypatch.setattr(queries, "PAGE_SIZE", 3)
     expected = failures_finished_in_reverse_order(queue)
-    client = role_client("Viewer")
-    seen, url = [], "/queues/emails/?status=failed&period=24h"
-    while url:
-        response = client.get(url)
-        assert "latest finished first" in response.content.decode()
-        seen += identifiers(response)
-        cursor = response.context["page"].next_cursor
-        url = f"/queues/emails/?status=failed&period=24h&before={cursor}" if cursor else None
-    assert seen == expected
+    assert walk(role_client("Viewer"), "status=failed&period=24h",
+                heading="latest finished first") == expected
 
 
 def test_failures_of_any_time_list_the_newest_enqueued_first(role_client, queue, monkeypatch):
     # Without a range nothing bounds the finish time, which only ended items have.
     monkeypatch.setattr(queries, "PAGE_SIZE", 3)
     failures_finished_in_reverse_order(queue)
-    client = role_client("Viewer")
-    seen, url = [], "/queues/emails/?status=failed"
-    while url:
-        response = client.get(url)
-        assert "newest first" in response.content.decode()
-        seen += identifiers(response)
-        cursor = response.context["page"].next_cursor
-        url = f"/queues/emails/?status=failed&before={cursor}" if cursor else None
-    assert seen == ["old-0", "f-6", "f-5", "f-4", "f-3", "f-2", "f-1", "f-0"]
+    assert walk(role_client("Viewer"), "status=failed", heading="newest first") == [
+        "old-0", "f-6", "f-5", "f-4", "f-3", "f-2", "f-1", "f-0"]
 
 
 def test_a_page_position_from_a_list_in_another_order_is_refused(role_client, queue,

@@ -67,14 +67,11 @@ def items(queue: Queue, data: dict):
     """The filtered items in the list's order (newest first), chunk by chunk, at most MAX_ROWS;
     then None if more were left out."""
     order = queries.list_order(data)
-    statuses = queries.listed_statuses(data, order)
     base = queries.filtered_items(queue, data)
     position, sent = None, 0
     while sent < MAX_ROWS:
-        page = queries.older_than(base, order, position) if position else base
         wanted = min(CHUNK, MAX_ROWS - sent)
-        chunk = queries.newest_first(page, statuses, wanted + 1, order,
-                                     by_status=not data.get("payload"))
+        chunk = queries.listed(base, data, order, position, wanted + 1)
         yield from chunk[:wanted]
         if len(chunk) <= wanted:
             return

@@ -147,7 +147,7 @@ class ItemFilterForm(TimeRangeForm, ItemFilters):
         data["clock"] = data.get("clock") or natural_list_clock(data.get("status"))
         data["cursor"] = parse_cursor(data["before"]) if data.get("before") else None
         if data["cursor"] and len(data["cursor"]) != len(list_order(data)):
-            # A page of this list in another order (its clock or statuses changed).
+            # A page of this list in another order (its clock or range changed).
             self.add_error("before", "Not a page position of this list; start again from its "
                                      "first page.")
         return data

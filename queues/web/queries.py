@@ -258,12 +258,19 @@ def position_of(item: Item, order: tuple[str, ...]) -> tuple:
     return tuple(getattr(item, name) for name in order)
 
 
+def listed(base, data: dict, order: tuple[str, ...], position: tuple | None,
+           limit: int) -> list[Item]:
+    """Up to `limit` of the list's items after `position` (from its start when None), in the
+    list's order: a page, or a chunk of its export."""
+    page = older_than(base, order, position) if position else base
+    return newest_first(page, listed_statuses(data, order), limit, order,
+                        by_status=not data.get("payload"))
+
+
 def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
     order = list_order(data)
     base = filtered_items(queue, data)
-    page = older_than(base, order, data["cursor"]) if data.get("cursor") else base
-    rows = newest_first(page, listed_statuses(data, order), PAGE_SIZE + 1, order,
-                        by_status=not data.get("payload"))
+    rows = listed(base, data, order, data.get("cursor"), PAGE_SIZE + 1)
     items, more = rows[:PAGE_SIZE], len(rows) > PAGE_SIZE
     next_cursor = page_cursor(position_of(items[-1], order)) if more else ""
     total, exact = _total(queue, base, data)
