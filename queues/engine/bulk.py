@@ -574,7 +574,7 @@ def _next_batch(bulk_filter: BulkFilter, position: dict) -> tuple[list[int], dic
     while index < len(statuses):
         query = bulk_filter.items([statuses[index]])
         if after is not None:
-            query = query.filter(_after(columns, after))
+            query = query.filter(keyset_after(columns, after))
         rows = list(query.order_by(*columns).values_list(*columns)[:STEP_SIZE - len(ids)])
         ids += [row[-1] for row in rows]
         if len(ids) == STEP_SIZE:
@@ -596,10 +596,11 @@ def _position(index: int, row: tuple, by_finish: bool) -> dict:
     return position
 
 
-def _after(columns: tuple[str, ...], values: tuple) -> RawSQL:
-    """Rows after `values` in the order of `columns`, as one row comparison: the index range
-    starts there, where (a > x) OR (a = x AND ...) would filter every row that ties on the
-    first column (all of them when a whole outage failed in one moment)."""
+def keyset_after(columns: tuple[str, ...], values: tuple, descending: bool = False) -> RawSQL:
+    """Rows after `values` in the order of `columns` (each descending when `descending`), as
+    one row comparison: the index range starts there, where (a > x) OR (a = x AND ...) would
+    filter every row that ties on the first column (all of them when a whole outage failed in
+    one moment)."""
     quote = connection.ops.quote_name
     table = quote(Item._meta.db_table)
     fields = [Item._meta.get_field(name) for name in columns]
@@ -609,7 +610,7 @@ def _after(columns: tuple[str, ...], values: tuple) -> RawSQL:
     params = [field.get_db_prep_value(value, connection) for field, value in zip(
         fields, values, strict=True)]
     # Names from the model and placeholders only: the values travel as parameters.
-    return RawSQL(f"({names}) > ({marks})", params,  # noqa: S611
+    return RawSQL(f"({names}) {'<' if descending else '>'} ({marks})", params,  # noqa: S611
                   output_field=BooleanField())
 
 

@@ -18,7 +18,7 @@ from django.db.models import Q
 
 from queues.engine import counters, forecast
 from queues.engine.account_stats import recent_service
-from queues.engine.bulk import CLOCKS, PREFIX_END
+from queues.engine.bulk import CLOCKS, PREFIX_END, keyset_after
 from queues.engine.db import from_db_datetime, is_postgres, to_db_datetime
 from queues.engine.errors import group_pattern, normalise_error
 from queues.engine.forecast import NextRun
@@ -244,16 +244,6 @@ def listed_statuses(data: dict, order: tuple[str, ...]) -> list[str]:
     return statuses
 
 
-def older_than(items, order: tuple[str, ...], position: tuple):
-    """The items after `position` (the values of `order`) newest first. The first condition
-    lets the index range start at the position; the rest break ties."""
-    *times, pk = position
-    after = Q(id__lt=pk)
-    for name, value in reversed(list(zip(order[:-1], times, strict=True))):
-        after = Q(**{f"{name}__lt": value}) | (Q(**{name: value}) & after)
-    return items.filter(after, **{f"{order[0]}__lte": times[0]})
-
-
 def position_of(item: Item, order: tuple[str, ...]) -> tuple:
     return tuple(getattr(item, name) for name in order)
 
@@ -262,7 +252,7 @@ def listed(base, data: dict, order: tuple[str, ...], position: tuple | None,
            limit: int) -> list[Item]:
     """Up to `limit` of the list's items after `position` (from its start when None), in the
     list's order: a page, or a chunk of its export."""
-    page = older_than(base, order, position) if position else base
+    page = base.filter(keyset_after(order, position, descending=True)) if position else base
     return newest_first(page, listed_statuses(data, order), limit, order,
                         by_status=not data.get("payload"))
 
