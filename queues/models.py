@@ -31,6 +31,9 @@ DEFAULT_BACKOFF_SECONDS = [120, 600, 1500, 2400, 2700]
 MAX_ACCOUNT_LENGTH = 200
 MAX_IDENTIFIER_LENGTH = 255
 MAX_TASK_PATH_LENGTH = 300
+# Every id is a bigint. Django bounds an id compared by the ORM, but a keyset in raw SQL or an
+# `IN (...)` list must be checked first: past it the database raises instead of finding nothing.
+MAX_ID = 2**63 - 1
 # Every time taken from outside lies in [EARLIEST_TIME, LATEST_TIME): PostgreSQL stores years
 # that Python cannot read back (year 0, or 10000 after a time-zone shift), and a page that reads
 # such a row would fail for every user.

@@ -41,6 +41,29 @@ def role_client(db, client):
     return sign_in
 
 
+@pytest.fixture
+def sample(db):
+    """One row of each kind a URL names (queue "q", an item, a running bulk operation, a token,
+    an alert rule and its firing), by the placeholders the URL walks use: "$item", ..."""
+    from django.utils import timezone
+
+    from queues import enqueue
+    from queues.engine import tokens
+    from queues.models import AlertFiring, AlertRule, BulkOperation
+    from tests.factories import QueueFactory
+
+    queue = QueueFactory(key="q")
+    item = enqueue("q", account="acme", identifier="walk-1", payload={"n": 1})
+    bulk = BulkOperation.objects.create(
+        queue=queue, kind="retry", actor_name="walker", filter={}, filter_hash="0" * 64,
+        expected=0, created_at=timezone.now())  # running, so that stopping it changes it
+    token, _ = tokens.create("walker", all_queues=True, scopes=tokens.SCOPES)
+    rule = AlertRule.objects.get(queue=queue, kind="depth")
+    firing = AlertFiring.objects.create(rule=rule, started_at=timezone.now(), threshold=1)
+    return {"$item": item.pk, "$bulk": bulk.pk, "$token": token.pk, "$rule": rule.pk,
+            "$firing": firing.pk}
+
+
 @pytest.fixture(scope="module")
 def server():
     """A webhook receiver on a local port for the module (tests.receiver)."""

@@ -12,11 +12,8 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
-from django.utils import timezone
 
-from queues import enqueue
-from queues.engine import tokens
-from queues.models import AlertFiring, AlertRule, AuditEntry, BulkOperation
+from queues.models import AuditEntry
 from queues.permissions import ADMIN, OPERATOR, ROLES, VIEWER
 from tests.factories import QueueFactory
 
@@ -178,20 +175,6 @@ def test_the_spec_exceptions_are_the_only_urls_open_without_a_login():
     unexpected = {name: url for name, url in open_urls.items()
                   if name not in SPEC_EXCEPTIONS and not url.startswith("/api/v1/")}
     assert not unexpected, f"open without a login but not a spec exception: {unexpected}"
-
-
-@pytest.fixture
-def sample():
-    queue = QueueFactory(key="q")
-    item = enqueue("q", account="acme", identifier="walk-1", payload={"n": 1})
-    bulk = BulkOperation.objects.create(
-        queue=queue, kind="retry", actor_name="walker", filter={}, filter_hash="0" * 64,
-        expected=0, created_at=timezone.now())  # running, so that stopping it changes it
-    token, _ = tokens.create("walker", all_queues=True, scopes=tokens.SCOPES)
-    rule = AlertRule.objects.get(queue=queue, kind="depth")
-    firing = AlertFiring.objects.create(rule=rule, started_at=timezone.now(), threshold=1)
-    return {"$item": item.pk, "$bulk": bulk.pk, "$token": token.pk, "$rule": rule.pk,
-            "$firing": firing.pk}
 
 
 @pytest.fixture

@@ -68,7 +68,8 @@ def test_runs_of_pending_ids_are_written_as_ranges():
 
 @pytest.mark.django_db(transaction=False)
 @pytest.mark.parametrize("text", ["", "x", "-3", "10-11:5", "10-3", "10-3:x", "5-0:1",
-                                  "10-5~3:1", "10-4~11:1", f"{10**12}-1~{10**12}:1"])
+                                  "10-5~3:1", "10-4~11:1", f"{10**12}-1~{10**12}:1",
+                                  str(2**63)])  # past bigint, which the database would refuse
 def test_a_malformed_position_is_refused(text):
     assert Cursor.parse(text) is None
 

@@ -161,10 +161,12 @@ def test_an_operator_retries_a_selection_from_the_item_browser(role_client, queu
         sorted(chosen)
 
 
-def test_a_selection_that_is_not_ids_answers_422(role_client, queue):
+@pytest.mark.parametrize("ids", [["1", "x"], ["1", str(2**63)], ["0"], ["-4"]])
+def test_a_selection_that_is_not_ids_answers_422(role_client, queue, ids):
     response = role_client("Operator").get("/queues/emails/bulk/", {
-        "kind": "retry", "ids": ["1", "x"], "preview": "1"})
+        "kind": "retry", "ids": ids, "preview": "1"})
     assert response.status_code == 422
+    assert b"The selection is not a list of item ids." in response.content
 
 
 def test_only_admins_may_purge_dead_letters(role_client, queue):

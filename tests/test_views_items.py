@@ -96,6 +96,8 @@ def test_bad_filters_are_refused_with_a_message(role_client, queue):
     assert b"Check the filters" in response.content
     # Digits to str.isdigit that int() refuses.
     assert client.get("/queues/emails/?before=\u00b2-1").status_code == 400
+    # An id past bigint, which the database would refuse instead of finding nothing.
+    assert client.get(f"/queues/emails/?before=1-{2**63}").status_code == 400
     response = client.get("/queues/emails/?period=custom&created_from=2026-01-02T00:00"
                           "&created_to=2026-01-01T00:00", HTTP_HX_REQUEST="true")
     assert response.status_code == 400 and b"Must be after From" in response.content

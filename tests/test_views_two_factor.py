@@ -198,11 +198,11 @@ def test_a_recovery_code_signs_in_once(ada):
     assert AuditEntry.objects.get(action="two_factor.recovery_code_used").counts == {"left": 9}
 
 
-def test_the_code_page_goes_only_to_pages_of_this_site(ada):
+@pytest.mark.parametrize("target", ["https://evil.example/", "²", "queues:audit"])
+def test_the_code_page_goes_only_to_pages_of_this_site(ada, target):
     device, _ = enrol(ada)
-    response = sign_in("ada").post(VERIFY, {"code": code(device, 1),
-                                            "next": "https://evil.example/"})
-    assert response["Location"] == "/"
+    response = sign_in("ada").post(VERIFY, {"code": code(device, 1), "next": target})
+    assert (response.status_code, response["Location"]) == (302, "/")
 
 
 def test_the_code_page_sends_a_user_with_nothing_to_give_on(role_client):

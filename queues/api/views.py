@@ -20,6 +20,7 @@ from queues.engine.errors import MESSAGE_LIMIT
 from queues.models import (
     LIVE_STATUSES,
     MAX_ACCOUNT_LENGTH,
+    MAX_ID,
     TIME_BOUNDS_TEXT,
     AccountPolicy,
     BulkOperation,
@@ -30,7 +31,6 @@ from queues.models import (
 )
 
 ITEM_FIELDS = {"account", "identifier", "payload", "run_at", "priority"}
-MAX_BIGINT = 2**63 - 1
 
 
 class ApiError(Exception):
@@ -311,10 +311,7 @@ def enqueue(request, key):
 
 @api_view("GET")
 def item_detail(request, item_id):
-    # An id beyond bigint would make PostgreSQL raise instead of finding nothing.
-    item = None
-    if item_id <= MAX_BIGINT:
-        item = Item.objects.select_related("queue").filter(pk=item_id).first()
+    item = Item.objects.select_related("queue").filter(pk=item_id).first()
     if item is None or not tokens.allows(request.token, item.queue_id):
         raise ApiError(404, "not_found", f"there is no item {item_id}")
     return json_response(item_json(item, item.queue, timezone.now()))
@@ -394,7 +391,7 @@ def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
     kind = document.get("kind")
     ids = document.get("ids", [])
     if not isinstance(ids, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 < i <= MAX_BIGINT for i in ids):
+            isinstance(i, int) and not isinstance(i, bool) and 0 < i <= MAX_ID for i in ids):
         fields["ids"] = "must be an array of item ids"
         ids = []
     statuses = document.get("statuses", [])
@@ -481,9 +478,7 @@ def bulk_start(request, key):
 
 
 def _operation_for(token, pk: int) -> BulkOperation:
-    operation = None
-    if pk <= MAX_BIGINT:  # beyond bigint PostgreSQL would raise instead of finding nothing
-        operation = BulkOperation.objects.select_related("queue").filter(pk=pk).first()
+    operation = BulkOperation.objects.select_related("queue").filter(pk=pk).first()
     if operation is None or not tokens.allows(token, operation.queue_id):
         raise ApiError(404, "not_found", f"there is no bulk operation {pk}")
     return operation

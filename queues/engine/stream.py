@@ -42,7 +42,7 @@ from django.db import connection
 from django.db.models import Count, Max, Min, Q
 
 from queues.engine.db import from_db_datetime, is_postgres
-from queues.models import ItemEvent
+from queues.models import MAX_ID, ItemEvent
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class Cursor:
                 pending.update(dict.fromkeys(range(first, end + 1), int(horizon)))
         except ValueError:
             return None
-        if last < 0 or any(i > last or i < 1 or x < 0 for i, x in pending.items()):
+        if not 0 <= last <= MAX_ID or any(i > last or i < 1 or x < 0 for i, x in pending.items()):
             return None
         return cls(last, pending)
 

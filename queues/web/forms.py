@@ -17,6 +17,7 @@ from queues.engine.payloads import PayloadCondition
 from queues.models import (
     FINISHED_STATUSES,
     MAX_ACCOUNT_LENGTH,
+    MAX_ID,
     MAX_IDENTIFIER_LENGTH,
     MAX_TASK_PATH_LENGTH,
     AlertRule,
@@ -281,10 +282,13 @@ class BulkForm(TimeRangeForm, ItemFilters):
             self.add_error(None, f"Select at most {MAX_SELECTION} items.")
             return []
         try:
-            return sorted({int(value) for value in raw})
+            ids = sorted({int(value) for value in raw})
         except ValueError:
+            ids = [0]
+        if ids and not 0 < ids[0] <= ids[-1] <= MAX_ID:
             self.add_error(None, "The selection is not a list of item ids.")
             return []
+        return ids
 
 
 class BulkConfirmForm(forms.Form):

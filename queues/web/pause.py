@@ -3,7 +3,6 @@ answers htmx with the updated control and an event that refreshes counts and bad
 
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from queues.engine import pausing
@@ -11,16 +10,13 @@ from queues.models import Queue
 from queues.permissions import operator_required, render_page
 from queues.web import feedback
 from queues.web.forms import AccountForm
+from queues.web.security import page_to_return_to
 
 
 def _answer(request, template: str, context: dict, fallback: str, said: str):
     if not request.htmx:
         # Back to the page the button was on, if that is a page of this site.
-        back = request.POST.get("next", "")
-        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()},
-                                               require_https=request.is_secure()):
-            back = fallback
-        return redirect(back)
+        return redirect(page_to_return_to(request, fallback))
     return feedback.changed_and_said(render_page(request, template, context), said)
 
 

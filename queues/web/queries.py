@@ -26,6 +26,7 @@ from queues.engine.lifecycle import retry_delay
 from queues.models import (
     FINISHED_STATUSES,
     IN_FLIGHT_STATUSES,
+    MAX_ID,
     READY_STATUSES,
     AccountPolicy,
     AccountStat,
@@ -333,7 +334,8 @@ def parse_cursor(raw: str) -> tuple | None:
         times = tuple(EPOCH + timedelta(microseconds=int(p)) for p in parts[:-1])
     except OverflowError:
         return None
-    return (*times, int(parts[-1]))
+    pk = int(parts[-1])
+    return (*times, pk) if pk <= MAX_ID else None
 
 
 # --- item detail -------------------------------------------------------------------------------

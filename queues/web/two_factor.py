@@ -13,7 +13,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import authenticate
 from django.shortcuts import redirect, resolve_url
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_otp.plugins.otp_static.models import StaticDevice
@@ -28,6 +27,7 @@ from queues.permissions import (
     signed_in,
     verified_required,
 )
+from queues.web.security import page_to_return_to
 
 QR_SCALE, QR_BORDER = 4, 2
 
@@ -212,8 +212,4 @@ def verify(request):
 
 def _next(request) -> str:
     """Where to go once the code is given: the page asked for, if it is one of this site."""
-    target = request.POST.get("next") or request.GET.get("next", "")
-    if url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
-                                       require_https=request.is_secure()):
-        return target
-    return resolve_url(settings.LOGIN_REDIRECT_URL)
+    return page_to_return_to(request, resolve_url(settings.LOGIN_REDIRECT_URL))
