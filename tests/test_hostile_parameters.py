@@ -3,7 +3,8 @@ forms' fields, its links' query keys, the form behind each of its GET forms) the
 and scripts really send: digits int() refuses ("²"), ids past bigint, cursors with a part
 swapped for one, NUL bytes, dates at the calendar's ends, a parameter given twice. Every answer
 must be a page or a 4xx, never a server error; exports are read to their end, since a streamed
-body fails after its status is sent. Adding a page or a parameter needs nothing here."""
+body fails after its status is sent. Django's admin site is walked the same way: its change
+lists' filters are parameters too. Adding a page or a parameter needs nothing here."""
 
 import re
 from html.parser import HTMLParser
@@ -12,11 +13,12 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
+from django.urls import reverse
 
 from queues.models import Queue, Status
 from queues.permissions import ADMIN
 from tests.factories import items_in_status
-from tests.test_security_walk import URLS, rule_for, url_of
+from tests.test_security_walk import ADMIN_PAGES, URLS, rule_for, url_of
 
 pytestmark = pytest.mark.django_db
 HUGE = "99999999999999999999"  # past bigint: the database raises instead of finding nothing
@@ -155,5 +157,22 @@ def test_every_parameter_of_the_page_answers_hostile_values_without_a_server_err
             for value in HOSTILE:
                 problems.append(
                     answer(admin, "post", form["action"], form["fields"] | {key: value}))
+    problems = [problem for problem in problems if problem]
+    assert not problems, "\n".join(problems[:10])
+
+
+ADMIN_LISTS = [name for name in ADMIN_PAGES if name.endswith("_changelist")]
+
+
+@pytest.mark.parametrize("name", ADMIN_LISTS)
+def test_every_filter_of_the_admin_sites_lists_answers_hostile_values_without_a_server_error(
+        name, more_than_a_page, admin):
+    url = reverse(name)
+    names, posts = parameters(admin, url)
+    names.setdefault("q", set())  # the search box, on lists that have search fields
+    problems = [answer(admin, "get", url, {key: value})
+                for key, seen in sorted(names.items())
+                for value in [*HOSTILE, *sorted(mutations(seen)), ["1", "²"]]]
+    problems += [answer(admin, "get", f"{url}{value}/change/", {}) for value in (HUGE, "²")]
     problems = [problem for problem in problems if problem]
     assert not problems, "\n".join(problems[:10])
