@@ -138,3 +138,41 @@ def test_reset_two_factor_turns_it_off_for_a_user_and_is_audited():
         run("reset_two_factor", "locked-out")
     with pytest.raises(CommandError, match="no user named"):
         run("reset_two_factor", "nobody")
+
+
+# Each command's text and time arguments, with what a shell can pass that the database, the
+# audit log or time.sleep cannot take: refused with a usage error before anything runs.
+HOSTILE_TEXT = ["\x00", "line\nbreak", "\u2028", "\x1b[31m"]
+HOSTILE_SECONDS = ["nan", "-1", "0", "inf", "1e309", "x"]
+TEXT_ARGUMENTS = [("account_data", "{}"), ("account_data", "{}", "--export"),
+                  ("account_data", "{}", "--erase", "--yes"),
+                  ("create_api_token", "{}", "--all-queues"),
+                  ("create_api_token", "walker", "--queue", "{}"),
+                  ("create_api_token", "{}", "--revoke"), ("reset_two_factor", "{}"),
+                  ("select", "--queue", "{}"),
+                  ("enqueue", "{}", "--account", "a", "--identifier", "i")]
+SECONDS_ARGUMENTS = [("select", "--loop", "--interval", "{}"),
+                     ("alerts", "--loop", "--interval", "{}"), ("sweep", "--seconds", "{}")]
+
+
+@pytest.mark.parametrize("value", HOSTILE_TEXT + HOSTILE_SECONDS)
+def test_every_command_refuses_text_and_seconds_it_cannot_use_before_it_runs(value, monkeypatch):
+    import time
+
+    from queues.models import AuditEntry
+
+    QueueFactory(key="q")
+    monkeypatch.setattr(time, "sleep", lambda seconds: pytest.fail("ran with a bad argument"))
+    cases = TEXT_ARGUMENTS if value in HOSTILE_TEXT else SECONDS_ARGUMENTS
+    for case in cases:
+        with pytest.raises(CommandError, match="invalid|printable|seconds"):
+            run(*(part.format(value) for part in case))
+    assert not AuditEntry.objects.exists() and not Item.objects.exists()
+
+
+def test_the_loops_take_a_fraction_of_a_second_and_a_day_at_most():
+    from queues.management.arguments import seconds
+
+    assert seconds("0.05") == 0.05 and seconds("86400") == 86400
+    with pytest.raises(Exception, match="at most 86,400"):
+        seconds("86401")

@@ -75,10 +75,18 @@ def test_an_all_queues_token_allows_queues_created_later(queue):
     ({"queue_keys": []}, "some queues or to all"),
     ({"queue_keys": ["emails"], "all_queues": True}, "not both"),
     ({"queue_keys": ["nope"]}, "unknown queue"),
+    ({"queue_keys": ["emails\x00"]}, "unknown queue"),  # PostgreSQL would refuse the query
 ])
 def test_create_refuses_an_unclear_scope(queue, kwargs, message):
     with pytest.raises(tokens.TokenError, match=message):
         tokens.create("producer", **kwargs)
+    assert not ApiToken.objects.exists()
+
+
+@pytest.mark.parametrize("name", ["", "x" * 101, "nul\x00", "two\nlines"])
+def test_create_refuses_a_name_the_token_list_and_audit_log_cannot_show(queue, name):
+    with pytest.raises(tokens.TokenError, match="1-100 printable characters"):
+        tokens.create(name, queue_keys=["emails"])
     assert not ApiToken.objects.exists()
 
 

@@ -10,7 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from queues.engine import audit
-from queues.models import ApiToken, Queue
+from queues.models import ApiToken, Queue, key_validator, printable
 
 # What a token may do: enqueue (and read items and queues), operate (bulk retry, cancel and
 # replay; pause and resume), purge (delete failed items for good). A token holds the least it needs.
@@ -39,12 +39,14 @@ def create(name: str, *, queue_keys=(), all_queues=False, scopes=(ENQUEUE,),
     if not given or given - set(SCOPES):
         raise TokenError(f"give a token one or more scopes of: {', '.join(SCOPES)}")
     scopes = [scope for scope in SCOPES if scope in given]
-    if not name or len(name) > 100:
-        raise TokenError("a token needs a name of 1-100 characters")
+    if not name or len(name) > 100 or not printable(name):  # it is shown in the audit log
+        raise TokenError("a token needs a name of 1-100 printable characters")
     queue_keys = sorted(set(queue_keys))
     if all_queues == bool(queue_keys):
         raise TokenError("scope a token to some queues or to all queues (not both, not neither)")
-    queues = list(Queue.objects.filter(key__in=queue_keys))
+    # Only what can be a key reaches the query: PostgreSQL refuses a NUL outright.
+    queues = list(Queue.objects.filter(key__in=[
+        key for key in queue_keys if key_validator.regex.fullmatch(key)]))
     unknown = set(queue_keys) - {queue.key for queue in queues}
     if unknown:
         raise TokenError(f"unknown queue(s): {', '.join(sorted(unknown))}")

@@ -3,6 +3,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from queues.engine import accounts, audit
+from queues.management.arguments import text
 
 
 class Command(BaseCommand):
@@ -11,7 +12,7 @@ class Command(BaseCommand):
             "running items are left to finish). Audited.")
 
     def add_arguments(self, parser):
-        parser.add_argument("account")
+        parser.add_argument("account", type=text)
         action = parser.add_mutually_exclusive_group()
         action.add_argument("--export", action="store_true")
         action.add_argument("--erase", action="store_true")

@@ -3,6 +3,7 @@ import time
 from django.core.management.base import BaseCommand
 
 from queues.engine import alerts
+from queues.management.arguments import seconds
 
 
 class Command(BaseCommand):
@@ -12,7 +13,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--loop", action="store_true",
                             help="keep evaluating (Ctrl-C or SIGTERM to stop)")
-        parser.add_argument("--interval", type=float, default=60.0,
+        parser.add_argument("--interval", type=seconds, default=60.0,
                             help="seconds between evaluations with --loop (default 60)")
 
     def handle(self, *args, loop=False, interval=60.0, **options):

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from queues.engine import tokens
+from queues.management.arguments import text
 from queues.models import ApiToken
 
 
@@ -9,8 +10,8 @@ class Command(BaseCommand):
             "once and stored only as a digest. --revoke NAME revokes tokens by name instead.")
 
     def add_arguments(self, parser):
-        parser.add_argument("name")
-        parser.add_argument("--queue", action="append", default=[], dest="queues",
+        parser.add_argument("name", type=text)
+        parser.add_argument("--queue", action="append", default=[], dest="queues", type=text,
                             help="a queue key the token may use (repeat for several)")
         parser.add_argument("--all-queues", action="store_true",
                             help="let the token use every queue, including future ones")

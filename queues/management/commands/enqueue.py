@@ -5,13 +5,14 @@ from django.utils.dateparse import parse_datetime
 
 import queues
 from queues.engine.lifecycle import EnqueueError
+from queues.management.arguments import text
 
 
 class Command(BaseCommand):
     help = "Put one item on a queue from the shell."
 
     def add_arguments(self, parser):
-        parser.add_argument("queue")
+        parser.add_argument("queue", type=text)
         parser.add_argument("--account", required=True)
         parser.add_argument("--identifier", required=True)
         parser.add_argument("--payload", default="{}", help="JSON object")

@@ -1,6 +1,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from queues.management.arguments import text
 from queues.permissions import two_factor_installed
 
 
@@ -10,7 +11,7 @@ class Command(BaseCommand):
             "when no Admin can sign in to reset it from Django's admin site.")
 
     def add_arguments(self, parser):
-        parser.add_argument("username")
+        parser.add_argument("username", type=text)
 
     def handle(self, *args, username, **options):
         if not two_factor_installed():

@@ -3,6 +3,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from queues.engine import selector
+from queues.management.arguments import seconds, text
 from queues.models import Queue
 
 
@@ -10,10 +11,11 @@ class Command(BaseCommand):
     help = "Run selector rounds from the shell and print what each took per account."
 
     def add_arguments(self, parser):
-        parser.add_argument("--queue", help="queue key (default: every queue that is not paused)")
+        parser.add_argument("--queue", type=text,
+                            help="queue key (default: every queue that is not paused)")
         parser.add_argument("--loop", action="store_true",
                             help="keep running rounds (Ctrl-C to stop)")
-        parser.add_argument("--interval", type=float, default=1.0,
+        parser.add_argument("--interval", type=seconds, default=1.0,
                             help="seconds to wait after a round that did not fill its batch")
 
     def handle(self, *args, queue=None, loop=False, interval=1.0, **options):
