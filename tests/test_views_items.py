@@ -56,6 +56,25 @@ def test_newest_first_with_every_column(role_client, queue):
     assert "<time datetime=" in html and 'title="' in html
 
 
+def test_each_row_links_its_item_and_its_account_under_any_script_prefix(role_client, queue):
+    from django.urls import get_script_prefix, set_script_prefix
+
+    [item] = enqueued(queue, 1, account="acme & co")
+    client = role_client("Viewer")
+    html = client.get("/queues/emails/").content.decode()
+    assert f'<a href="/items/{item.pk}/">item-0</a>' in html
+    assert '<a href="/queues/emails/?account=acme%20%26%20co">' in html
+    # Behind a proxy at /ops/ (the item URL is reversed once per prefix, then the id put in).
+    before = get_script_prefix()
+    set_script_prefix("/ops/")  # what the WSGI and ASGI handlers do from SCRIPT_NAME
+    try:
+        html = client.get("/queues/emails/").content.decode()
+    finally:
+        set_script_prefix(before)
+    assert f'<a href="/ops/items/{item.pk}/">item-0</a>' in html
+    assert '<a href="/ops/queues/emails/?account=acme%20%26%20co">' in html
+
+
 def test_filter_by_several_statuses(role_client, queue):
     items_in_status(queue, "retry", 2, prefix="r")
     items_in_status(queue, "failed", 1, prefix="f")
