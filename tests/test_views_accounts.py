@@ -38,6 +38,29 @@ def test_accounts_view_shows_the_fairness_picture(role_client):
     assert "At cap" in html and "Paused" in html and 'class="share"' in html
 
 
+def test_each_account_row_links_its_items_and_its_pause_form_under_any_script_prefix(
+        role_client):
+    from django.urls import get_script_prefix, set_script_prefix
+
+    queue = QueueFactory(key="emails")
+    enqueued(queue, 1, account="big & co")
+    AccountPolicyFactory(queue=queue, account="paused one", paused=True)
+    enqueued(queue, 1, account="paused one", prefix="p")
+    client = role_client("Operator")
+    pages = {}
+    before = get_script_prefix()
+    for prefix in ("/", "/ops/"):  # the URLs are reversed once per prefix and remembered
+        set_script_prefix(prefix)  # what the WSGI and ASGI handlers do from SCRIPT_NAME
+        try:
+            pages[prefix] = client.get("/queues/emails/accounts/").content.decode()
+        finally:
+            set_script_prefix(before)
+    for prefix, html in pages.items():
+        assert f'<a href="{prefix}queues/emails/?account=big%20%26%20co">' in html
+        assert f'action="{prefix}queues/emails/accounts/pause/"' in html
+        assert f'action="{prefix}queues/emails/accounts/resume/"' in html
+
+
 def test_accounts_are_paged_by_key(role_client, monkeypatch):
 
     monkeypatch.setattr(queries, "PAGE_SIZE", 2)

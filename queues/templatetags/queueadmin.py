@@ -221,6 +221,18 @@ def outcome_chart(completed: list[int], failed: list[int], label: str):
         f'{bars(failed, "bad", False)}</svg>')
 
 
+@functools.lru_cache(maxsize=4096)
+def _reversed(script_prefix: str, name: str, args: tuple) -> str:
+    return reverse(name, args=args)  # reverse() adds the script prefix
+
+
+@register.simple_tag
+def page_url(name: str, *args) -> str:
+    """{% url %} remembered per script prefix: a list's rows link the same few pages (a queue's
+    items, an account's pause form) once each, and a reversal costs more than the row's text."""
+    return _reversed(get_script_prefix(), name, tuple(str(arg) for arg in args))
+
+
 # An id no item reaches, marking where the id goes in the item page's URL reversed once.
 ID_MARK = 918_273_645_546_372_819
 
