@@ -284,8 +284,8 @@ class BulkForm(TimeRangeForm, ItemFilters):
         try:
             ids = sorted({int(value) for value in raw})
         except ValueError:
-            ids = [0]
-        if ids and not 0 < ids[0] <= ids[-1] <= MAX_ID:
+            ids = None
+        if ids is None or not all(0 < pk <= MAX_ID for pk in ids):
             self.add_error(None, "The selection is not a list of item ids.")
             return []
         return ids
