@@ -26,6 +26,8 @@ LIVE_STATUSES = (Status.QUEUED, Status.DISPATCHED, Status.RUNNING, Status.RETRY)
 READY_STATUSES = (Status.QUEUED, Status.RETRY)
 IN_FLIGHT_STATUSES = (Status.DISPATCHED, Status.RUNNING)
 FINISHED_STATUSES = (Status.COMPLETE, Status.FAILED, Status.CANCELLED)
+# Every status but the in-flight ones: an item waits or has ended, and nothing moves it soon.
+AT_REST_STATUSES = READY_STATUSES + FINISHED_STATUSES
 
 DEFAULT_BACKOFF_SECONDS = [120, 600, 1500, 2400, 2700]
 MAX_ACCOUNT_LENGTH = 200
@@ -277,13 +279,14 @@ class Item(models.Model):
             # Accounts view and per-account in-flight counts.
             models.Index(fields=["queue", "account", "status"], name="item_account_idx"),
             # Find by payload field (queues.engine.payloads): `payload @> {...}` on PostgreSQL.
-            # Built concurrently by migration 0011, and only there. Every status change adds
-            # the payload's keys to the index. With fastupdate (PostgreSQL's default) they wait
-            # in a pending list, and whichever statement fills it merges the whole list into
-            # the index: at 10M items one bulk step in a few hundred took 250 to 400 ms, a
-            # selector round's dispatch 170 ms, and a smaller list only made merges more
-            # frequent. Without it each statement adds its own keys and no other's (0030).
-            GinIndex(fields=["payload"], opclasses=["jsonb_path_ops"], name="item_payload_gin",
+            # Built concurrently by migration 0031, and only there. Every non-HOT update adds
+            # the new row's payload keys to each index whose condition the row meets. A dispatch
+            # and a start leave out of this one (their rows are in flight, found by the in-flight
+            # index instead): they were 6 of a selector round's 13 ms, and the payload never
+            # changes. Without fastupdate each statement adds its own keys, not a pending list
+            # that one unlucky statement merges (250 to 400 ms at 10M items, see 0030).
+            GinIndex(fields=["payload"], opclasses=["jsonb_path_ops"],
+                     condition=Q(status__in=AT_REST_STATUSES), name="item_payload_at_rest_gin",
                      fastupdate=False),
         ]
 

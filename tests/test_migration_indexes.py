@@ -1,5 +1,5 @@
 """The items table's indexes on PostgreSQL: every one the model declares exists, including
-those the migrations build concurrently there alone (0011, 0026, 0029)."""
+those the migrations build concurrently there alone (0011, 0026, 0029, 0031)."""
 
 import pytest
 from django.db import connection
@@ -25,3 +25,27 @@ def test_migrating_back_drops_the_finished_status_index_and_forth_builds_it():
     with migrated_back_to("0028_item_autovacuum"):
         assert "item_finished_status_idx" not in indexes()
     assert "item_finished_status_idx" in indexes()
+
+
+def definition(name: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [name])
+        row = cursor.fetchone()
+    return row[0] if row else ""
+
+
+def test_the_payload_index_leaves_out_items_in_flight():
+    # A dispatch and a start then write nothing to it: the payload never changes.
+    assert "WHERE ((status)::text = ANY" in definition("item_payload_at_rest_gin")
+    for status in ("'dispatched'", "'running'"):
+        assert status not in definition("item_payload_at_rest_gin")
+    assert not definition("item_payload_gin")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrating_back_gives_the_whole_payload_index_again_and_forth_the_partial_one():
+    with migrated_back_to("0030_item_payload_gin_fastupdate_off"):
+        assert "WHERE" not in definition("item_payload_gin")
+        assert not definition("item_payload_at_rest_gin")
+    assert not definition("item_payload_gin")
+    assert definition("item_payload_at_rest_gin")

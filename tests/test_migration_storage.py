@@ -1,5 +1,6 @@
 """Storage parameters set by migrations on PostgreSQL, and reset going back: autovacuum's
-triggers on the items table (0028), the payload index's fastupdate, off (0030)."""
+triggers on the items table (0028), the payload index's fastupdate, off (0030, and
+its successor of 0031)."""
 
 import threading
 import time
@@ -37,14 +38,16 @@ def test_migrating_back_gives_the_tables_postgresqls_defaults_again():
 
 
 def test_the_payload_index_takes_each_statements_entries_at_once():
-    assert options("item_payload_gin") == {"fastupdate=off"}
+    assert options("item_payload_at_rest_gin") == {"fastupdate=off"}
 
 
 @pytest.mark.django_db(transaction=True)
 def test_migrating_back_lets_the_payload_index_gather_its_entries_again():
+    with migrated_back_to("0030_item_payload_gin_fastupdate_off"):
+        assert options("item_payload_gin") == {"fastupdate=off"}
     with migrated_back_to("0029_item_finished_status_idx"):
         assert options("item_payload_gin") == set()
-    assert options("item_payload_gin") == {"fastupdate=off"}
+    assert options("item_payload_at_rest_gin") == {"fastupdate=off"}
 
 
 def reader_holding_the_items_table(seconds: float) -> threading.Thread:
@@ -69,7 +72,7 @@ def reader_holding_the_items_table(seconds: float) -> threading.Thread:
 
 
 def set_fastupdate(value: str, *, attempts: int):
-    operation = SetIndexStorageOnPostgres("item_payload_gin", {"fastupdate": value})
+    operation = SetIndexStorageOnPostgres("item_payload_at_rest_gin", {"fastupdate": value})
     operation.attempts, operation.lock_timeout, operation.pause = attempts, "100ms", 0.1
     with connection.schema_editor(atomic=False) as editor:
         operation.database_forwards("queues", editor, None, None)
@@ -80,7 +83,7 @@ def test_changing_an_index_waits_out_a_long_transaction_in_short_tries():
     reader = reader_holding_the_items_table(0.6)
     try:
         set_fastupdate("on", attempts=20)
-        assert options("item_payload_gin") == {"fastupdate=on"}
+        assert options("item_payload_at_rest_gin") == {"fastupdate=on"}
     finally:
         reader.join()
         set_fastupdate("off", attempts=1)
@@ -92,6 +95,6 @@ def test_changing_an_index_gives_up_when_a_transaction_holds_it_too_long():
     try:
         with pytest.raises(OperationalError):
             set_fastupdate("on", attempts=2)
-        assert options("item_payload_gin") == {"fastupdate=off"}
+        assert options("item_payload_at_rest_gin") == {"fastupdate=off"}
     finally:
         reader.join()

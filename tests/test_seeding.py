@@ -7,6 +7,7 @@ from django.db.models import Count
 from queues.bench import seeding
 from queues.engine import counters
 from queues.models import (
+    IN_FLIGHT_STATUSES,
     Attempt,
     DeadLetter,
     Item,
@@ -130,3 +131,22 @@ def test_a_demo_backlog_is_recent_while_finished_items_go_back_further():
     assert waiting.exists() and not waiting.filter(created_at__lt=since).exists()
     assert Item.objects.filter(status=Status.COMPLETE, created_at__lt=since).exists()
     assert not ItemEvent.objects.filter(at__gt=timezone.now()).exists()
+
+
+def test_seeded_queues_hold_in_flight_about_what_a_selector_would_dispatch(monkeypatch):
+    # 5,000 items would draw about 75 in flight; at 10 per queue the draws past that stay queued.
+    monkeypatch.setattr(seeding, "IN_FLIGHT_PER_QUEUE", 10)
+    queues = [QueueFactory(), QueueFactory()]
+    seeding.seed(items=5000, accounts=60, queues=queues)
+    for queue in queues:
+        in_flight = Item.objects.filter(queue=queue, status__in=IN_FLIGHT_STATUSES).count()
+        assert 3 <= in_flight <= 20
+    assert Item.objects.filter(status=Status.DISPATCHED).exists()
+    assert Item.objects.filter(status=Status.RUNNING).exists()
+    ids = [q.pk for q in queues]
+    assert counters.status_counts(ids) == counters.exact_counts(ids)
+
+
+def test_a_small_seed_keeps_every_in_flight_draw():
+    assert seeding._in_flight_kept(5000, 2) == seeding.IN_FLIGHT_SCALE
+    assert seeding._in_flight_kept(10_000_000, 100) == 200_000

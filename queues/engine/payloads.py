@@ -2,9 +2,9 @@
 
 The value reads as JSON when it is JSON (`42`, `true`, `"42"`, `null`) and as a string
 otherwise, and compares for equality at a dotted path. On PostgreSQL the condition is also
-written as containment (`payload @> {"customer": {"id": 42}}`), which the GIN index on
-payloads answers; the path's equality then rechecks the rows, so both databases select the same
-items.
+written as containment (`payload @> {"customer": {"id": 42}}`), which the GIN index on the
+payloads of items at rest answers (the in-flight index finds the others); the path's equality
+then rechecks the rows, so both databases select the same items.
 """
 
 import json
@@ -12,7 +12,10 @@ import re
 from dataclasses import dataclass
 
 from django.db import connection
+from django.db.models import Q
 from django.db.models.fields.json import KeyTransform
+
+from queues.models import AT_REST_STATUSES, IN_FLIGHT_STATUSES
 
 MAX_DEPTH = 8
 KEY = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -44,7 +47,11 @@ class PayloadCondition:
             nested = self.value
             for key in reversed(self.path):
                 nested = {key: nested}
-            items = items.filter(payload__contains=nested)
+            # The GIN index holds only items at rest; the few in flight (at most the queues'
+            # concurrency) are found by their own index. Both halves together are every item.
+            items = items.filter(Q(payload__contains=nested)
+                                 & (Q(status__in=AT_REST_STATUSES)
+                                    | Q(status__in=IN_FLIGHT_STATUSES)))
         return items
 
 

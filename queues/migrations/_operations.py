@@ -3,7 +3,7 @@
 import time
 
 from django.db import NotSupportedError, OperationalError, transaction
-from django.db.migrations import AddConstraint, AddIndex
+from django.db.migrations import AddConstraint, AddIndex, RemoveIndex
 from django.db.migrations.operations.base import Operation
 
 
@@ -29,6 +29,33 @@ class AddIndexConcurrentlyOnPostgres(AddIndex):
         model = from_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             schema_editor.remove_index(model, self.index, concurrently=True)
+
+
+class RemoveIndexConcurrentlyOnPostgres(RemoveIndex):
+    """The reverse of AddIndexConcurrentlyOnPostgres: DROP INDEX CONCURRENTLY waits for the
+    queries using the index instead of locking writers out of the table."""
+
+    atomic = False
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor != "postgresql":
+            return
+        if schema_editor.connection.in_atomic_block:
+            raise NotSupportedError("set atomic = False on the migration")
+        model = from_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = from_state.models[app_label, self.model_name_lower].get_index_by_name(
+                self.name)
+            schema_editor.remove_index(model, index, concurrently=True)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor != "postgresql":
+            return
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = to_state.models[app_label, self.model_name_lower].get_index_by_name(
+                self.name)
+            schema_editor.add_index(model, index, concurrently=True)
 
 
 class AddCheckConstraintValidatedOnPostgres(AddConstraint):
