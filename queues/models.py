@@ -281,10 +281,10 @@ class Item(models.Model):
             # Find by payload field (queues.engine.payloads): `payload @> {...}` on PostgreSQL.
             # Built concurrently by migration 0031, and only there. Every non-HOT update adds
             # the new row's payload keys to each index whose condition the row meets. A dispatch
-            # and a start leave out of this one (their rows are in flight, found by the in-flight
-            # index instead): they were 6 of a selector round's 13 ms, and the payload never
-            # changes. Without fastupdate each statement adds its own keys, not a pending list
-            # that one unlucky statement merges (250 to 400 ms at 10M items, see 0030).
+            # and a start write nothing to this one (their rows are in flight, found by the
+            # in-flight index instead): their entries were 2 of a selector round's 13 ms, and
+            # the payload never changes. Without fastupdate each statement adds its own keys,
+            # not a pending list that one unlucky statement merges (250 to 400 ms at 10M, 0030).
             GinIndex(fields=["payload"], opclasses=["jsonb_path_ops"],
                      condition=Q(status__in=AT_REST_STATUSES), name="item_payload_at_rest_gin",
                      fastupdate=False),

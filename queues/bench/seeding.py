@@ -46,6 +46,7 @@ STATUS_BANDS = [
 # a lost worker left: the in-flight bands above shrink so that a queue gets about this many.
 # Unbounded, a 10M seed held 150,000 in flight, which no selector dispatches.
 IN_FLIGHT_PER_QUEUE = 300
+IN_FLIGHT_SCALE = 1_000_000  # the second hash's range, which decides which draws stay in flight
 ERRORS = [
     "ConnectionError: HTTPSConnectionPool(host='api.partner.example', port=443): Read timed out.",
     "HTTP 503 Service Unavailable from https://hooks.example.com/ingest",
@@ -424,12 +425,13 @@ def _generated_items_sql(plan: "_Plan") -> tuple[str, str]:
     prefix, source = d.numbered_accounts(items)
     spread = plan.spread_days * 86400
     bands, upper = [], 0
+    kept = _in_flight_kept(items, len(queues))
     for status, width in STATUS_BANDS:
         if status in IN_FLIGHT_STATUSES:
             # An in-flight draw past the queues' share stays queued; a second hash of n
             # decides, so the kept ones spread over every queue and the whole time range.
             bands.append(f"WHEN r < {upper + width} AND (n * 2246822519) % 4294967291 % "
-                         f"{IN_FLIGHT_SCALE} < {_in_flight_kept(items, len(queues))} "
+                         f"{IN_FLIGHT_SCALE} < {kept} "
                          f"THEN '{status}'")
             bands.append(f"WHEN r < {upper + width} THEN 'queued'")
         else:
@@ -499,9 +501,6 @@ def _generated_items_sql(plan: "_Plan") -> tuple[str, str]:
     {d.fence}
     )"""
     return prefix, sql
-
-
-IN_FLIGHT_SCALE = 1_000_000
 
 
 def _in_flight_kept(items: int, queues: int) -> int:

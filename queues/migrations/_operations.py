@@ -7,6 +7,19 @@ from django.db.migrations import AddConstraint, AddIndex, RemoveIndex
 from django.db.migrations.operations.base import Operation
 
 
+def _change_index_concurrently(operation, app_label, schema_editor, state, index, *,
+                               create: bool):
+    """CREATE or DROP INDEX CONCURRENTLY on PostgreSQL; nothing elsewhere."""
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    if schema_editor.connection.in_atomic_block:
+        raise NotSupportedError("set atomic = False on the migration")
+    model = state.apps.get_model(app_label, operation.model_name)
+    if operation.allow_migrate_model(schema_editor.connection.alias, model):
+        change = schema_editor.add_index if create else schema_editor.remove_index
+        change(model, index, concurrently=True)
+
+
 class AddIndexConcurrentlyOnPostgres(AddIndex):
     """An index PostgreSQL builds without blocking writes to a table of millions of rows, and
     other databases skip (their query falls back to reading the value). Django's own
@@ -15,20 +28,12 @@ class AddIndexConcurrentlyOnPostgres(AddIndex):
     atomic = False
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            return
-        if schema_editor.connection.in_atomic_block:
-            raise NotSupportedError("set atomic = False on the migration")
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            schema_editor.add_index(model, self.index, concurrently=True)
+        _change_index_concurrently(self, app_label, schema_editor, to_state, self.index,
+                                   create=True)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            return
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            schema_editor.remove_index(model, self.index, concurrently=True)
+        _change_index_concurrently(self, app_label, schema_editor, from_state, self.index,
+                                   create=False)
 
 
 class RemoveIndexConcurrentlyOnPostgres(RemoveIndex):
@@ -38,24 +43,15 @@ class RemoveIndexConcurrentlyOnPostgres(RemoveIndex):
     atomic = False
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            return
-        if schema_editor.connection.in_atomic_block:
-            raise NotSupportedError("set atomic = False on the migration")
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            index = from_state.models[app_label, self.model_name_lower].get_index_by_name(
-                self.name)
-            schema_editor.remove_index(model, index, concurrently=True)
+        _change_index_concurrently(self, app_label, schema_editor, from_state,
+                                   self._index(app_label, from_state), create=False)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            return
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            index = to_state.models[app_label, self.model_name_lower].get_index_by_name(
-                self.name)
-            schema_editor.add_index(model, index, concurrently=True)
+        _change_index_concurrently(self, app_label, schema_editor, to_state,
+                                   self._index(app_label, to_state), create=True)
+
+    def _index(self, app_label, state):
+        return state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
 
 
 class AddCheckConstraintValidatedOnPostgres(AddConstraint):
