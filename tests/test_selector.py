@@ -7,7 +7,9 @@ from datetime import timedelta
 import pytest
 from django.db import OperationalError, connection
 from django.utils import timezone
-from django_q.models import OrmQ
+from django_q.brokers import get_broker
+from django_q.models import OrmQ, Task
+from django_q.monitor import save_task
 from django_q.signing import SignedPackage
 
 from queues import enqueue_many
@@ -60,6 +62,22 @@ def test_a_round_dispatches_a_fair_batch_and_one_worker_task():
     assert all(token == tokens[item_id] != 0 for item_id, _, token in batch)
     record = SelectorRound.objects.get()
     assert (record.taken, record.accounts, record.allocation) == (10, 3, result.taken)
+
+
+def test_django_q2_saves_a_batch_task_only_when_it_fails():
+    # Saving a success locks every saved success to prune the oldest: for each batch, at the
+    # default save_limit. A batch's items record their own outcomes. ("sync": the test
+    # database stays open.)
+    queue = QueueFactory(batch_size=10)
+    put(queue, "acme", 3)
+    selector.run_round(queue)
+    [task] = dispatched_tasks()
+    broker = get_broker()
+    now = timezone.now()
+    for success in (True, False):
+        save_task({**task, "id": f"batch-{success}", "started": now, "stopped": now,
+                   "result": None, "success": success, "sync": True}, broker)
+    assert list(Task.objects.values_list("id", "success")) == [("batch-False", False)]
 
 
 def test_accounts_whose_names_are_array_syntax_are_planned_and_claimed_as_they_are():

@@ -127,8 +127,11 @@ def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None,
             for row in dispatched:
                 result.taken[row.account] = result.taken.get(row.account, 0) + 1
             if dispatched and not for_cluster:
+                # A batch that returns is not saved as a django-q2 success (a failed one
+                # is): its items' outcomes are recorded already, and saving one locks every
+                # saved success to prune the oldest (save_limit), for each batch that ends.
                 async_task("queues.engine.worker.run_batch", queue.pk, result.batch,
-                           task_name=f"{queue.key} batch of {len(dispatched)}")
+                           task_name=f"{queue.key} batch of {len(dispatched)}", save=False)
             result.duration_ms = (time.perf_counter() - started) * 1000
             # Empty rounds change nothing and are not recorded: an idle queue is polled every
             # second.
