@@ -162,6 +162,30 @@ def test_wait_and_run_times_sample_at_most_the_newest_items_of_a_queue(monkeypat
     assert run == (3.0, 3.0)  # the two newest: 3 and 4 s; p50 of two is the lower
 
 
+def test_wait_and_run_percentiles_pick_the_same_sample_element_as_python_does():
+    # PostgreSQL works them out in SQL: the same elements as _p50_p95, to the microsecond.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queues.models import Item
+    from queues.web import queries
+
+    now = timezone.now()
+    queue = QueueFactory(key="emails")
+    waits, runs = [], []
+    for n, item in enumerate(items_in_status(queue, "complete", 7)):
+        wait = timedelta(seconds=(n * 37) % 11, microseconds=n * 123_457)
+        run = timedelta(seconds=(n * 13) % 7 + 0.5, microseconds=n * 7)
+        started = now - timedelta(minutes=30)
+        Item.objects.filter(pk=item.pk).update(run_at=started - wait, started_at=started,
+                                               finished_at=started + run)
+        waits.append(wait.total_seconds())
+        runs.append(run.total_seconds())
+    assert queries._timings([queue.pk], now)[queue.pk] == (queries._p50_p95(waits),
+                                                          queries._p50_p95(runs))
+
+
 def test_the_per_minute_chart_draws_a_bar_per_busy_minute_and_escapes_the_label():
     from queues.templatetags.queueadmin import outcome_chart
 
