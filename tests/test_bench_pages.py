@@ -4,6 +4,7 @@ import pytest
 from django.db import connection
 
 from queues.bench import scenarios as bench
+from queues.models import Item
 from queues.web import queries
 from tests.factories import QueueFactory, enqueued, items_in_status
 
@@ -15,18 +16,23 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     queue = QueueFactory(key="bench-pages")
     enqueued(queue, 120)  # 50 pages deep needs more than 49 pages of items
     items_in_status(queue, "failed", 2)
+    done = items_in_status(queue, "complete", 3)
     monkeypatch.setattr(queries, "PAGE_SIZE", 2)
     report = bench.run_pages(queue_key="bench-pages", requests=2, log=lambda _: None)
     names = [name for name, _, _ in report.figures]
     # Figures of the set-up, three of each bulk preview (four on PostgreSQL: its heap fetches),
-    # three of each page, the export's first byte.
+    # three of each page, the export's first byte, three of the overview with every queue busy.
     previews = 8 if connection.vendor == "postgresql" else 6
-    assert len(names) == 4 + previews + (15 + 9) * 3 + 1
+    assert len(names) == 4 + previews + (15 + 9) * 3 + 1 + 3
     assert "dead letters p95" in names and "/metrics (every queue) SQL queries" in names
     assert "bulk preview (cancel queued, 30 d) p95" in names
     assert "bulk preview (retry failed, 30 d) p95" in names
     assert "bulk preview (retry failed, 30 d), first" in names
     assert "CSV export, first byte p95" in names
+    assert "overview, every queue busy p95" in names
+    # Its busy hour was rolled back.
+    assert {i.pk: i.finished_at for i in done} == dict(
+        Item.objects.filter(pk__in=[i.pk for i in done]).values_list("pk", "finished_at"))
     assert "account ranking refresh (one queue) p50" in names
     assert "accounts by oldest wait, page 2 (keyset) p95" in names
     assert "50 pages deep (keyset) p95" in names and "errors view SQL queries" in names
