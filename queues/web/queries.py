@@ -156,7 +156,7 @@ def _timings(ids: list[int], now: datetime) -> dict[int, tuple]:
 def _timings_in_sql(part: str, ids: list[int], since) -> dict[int, tuple]:
     """The percentiles worked out by PostgreSQL, with _p50_p95's choice of element: 100 busy
     queues sample 20,000 items, and turning their 60,000 timestamps into Python datetimes
-    took longer than reading them (about 150 ms)."""
+    took about 230 of the 277 ms this took at 10M items (43 ms in SQL)."""
     def pick(column: str, fraction: float) -> str:
         return (f"(array_agg({column} ORDER BY {column}))"
                 f"[floor({fraction}::float8 * (count(*) - 1))::int + 1]")
