@@ -949,12 +949,16 @@ def claim_waiting(queue_id: int, cluster: str, limit: int) -> list[list[int]]:
     processes busy), claimed for a running batch with idle threads: the waiting batch finds them
     claimed and does nothing. Oldest dispatch first. Returns [id, attempt, dispatch token]."""
     table = Item._meta.db_table
-    lock = "FOR UPDATE SKIP LOCKED" if is_postgres() else ""
+    waiting = (f"SELECT id FROM {table} WHERE queue_id = %s AND status = %s AND cluster = '' "
+               f"ORDER BY dispatched_at, id LIMIT %s")
+    # Run once, as apply_selected's selection is: SKIP LOCKED run again per updated row would
+    # find rows past the LIMIT.
+    chosen = (f"id = ANY(ARRAY({waiting} FOR UPDATE SKIP LOCKED))" if is_postgres()
+              else f"id IN ({waiting})")
     with transaction.atomic(savepoint=False), connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} SET cluster = %s WHERE cluster = '' AND status = %s AND id IN "
-            f"(SELECT id FROM {table} WHERE queue_id = %s AND status = %s AND cluster = '' "
-            f"ORDER BY dispatched_at, id LIMIT %s {lock}) RETURNING id, attempts, dispatch_token",
+            f"UPDATE {table} SET cluster = %s WHERE cluster = '' AND status = %s AND {chosen} "
+            f"RETURNING id, attempts, dispatch_token",
             [cluster, Status.DISPATCHED, queue_id, Status.DISPATCHED, limit])
         return [list(row) for row in cursor.fetchall()]
 
