@@ -123,12 +123,48 @@ def test_a_week_is_detached_before_it_is_dropped_and_nothing_detached_stays_behi
     assert week not in names() and expired_tables() == []
 
 
+def test_a_week_is_dropped_an_index_at_a_time_before_its_table():
+    now = timezone.now()
+    [week] = old_weeks(now, 120)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_index WHERE indrelid = %s::regclass", [week])
+        [indexes] = cursor.fetchone()
+    dropped = []
+
+    def record(execute, sql, params, many, context):
+        if sql.startswith(("DROP", "ALTER TABLE \"")):
+            dropped.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        partitions.drop_older_than(EVENTS, now - timedelta(days=60))
+    # The primary key and the three indexes of events, each freed by its own statement.
+    assert indexes == 4 and len(dropped) == indexes + 1
+    assert all(sql.startswith("DROP INDEX") or " DROP CONSTRAINT " in sql
+               for sql in dropped[:-1])
+    assert dropped[-1] == f'DROP TABLE "{partitions.EXPIRED_PREFIX}{week}"'
+
+
 def test_a_week_left_detached_by_a_crash_is_dropped_by_the_next_run():
     now = timezone.now()
     [week] = old_weeks(now, 120)
     with connection.cursor() as cursor:
         cursor.execute(f'ALTER TABLE {EVENTS.name} DETACH PARTITION "{week}"; '
                        f'ALTER TABLE "{week}" RENAME TO "{partitions.EXPIRED_PREFIX}{week}"')
+    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [week]
+    assert expired_tables() == []
+
+
+def test_a_week_left_half_dropped_by_a_crash_is_finished_by_the_next_run():
+    now = timezone.now()
+    [week] = old_weeks(now, 120)
+    expired = f"{partitions.EXPIRED_PREFIX}{week}"
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER TABLE {EVENTS.name} DETACH PARTITION "{week}"; '
+                       f'ALTER TABLE "{week}" RENAME TO "{expired}"')
+        cursor.execute("SELECT indexrelid::regclass::text FROM pg_index "
+                       "WHERE indrelid = %s::regclass AND NOT indisprimary LIMIT 1", [expired])
+        cursor.execute(f"DROP INDEX {cursor.fetchone()[0]}")
     assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [week]
     assert expired_tables() == []
 

@@ -169,8 +169,25 @@ def drop_older_than(table: WeeklyTable, moment: datetime) -> list[str]:
                        [f"{EXPIRED_PREFIX}{table.name}_"])
         expired = [name for (name,) in cursor.fetchall()]
         for name in expired:
-            cursor.execute(f'DROP TABLE "{name}"')
+            _drop_a_file_at_a_time(cursor, name)
     return [name.removeprefix(EXPIRED_PREFIX) for name in expired]
+
+
+def _drop_a_file_at_a_time(cursor, name: str) -> None:
+    """Drops a detached week's indexes one statement each, then its table. A commit that
+    drops a relation frees its files before it returns, in time that grows with their size:
+    one statement for a week's 0.9 GB of heap and its indexes together went over 200 ms on
+    disks where each part alone stays under. A week left half dropped keeps its name, and the
+    next run finishes it."""
+    cursor.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass "
+                   "AND contype IN ('p', 'u')", [f'"{name}"'])
+    for (constraint,) in cursor.fetchall():
+        cursor.execute(f'ALTER TABLE "{name}" DROP CONSTRAINT "{constraint}"')
+    cursor.execute("SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = %s::regclass",
+                   [f'"{name}"'])
+    for (index,) in cursor.fetchall():
+        cursor.execute(f"DROP INDEX {index}")
+    cursor.execute(f'DROP TABLE "{name}"')
 
 
 def _briefly_locking(cursor, statement: str, params=None, *, flush: bool = True):
