@@ -176,9 +176,9 @@ def drop_older_than(table: WeeklyTable, moment: datetime) -> list[str]:
 def _drop_a_file_at_a_time(cursor, name: str) -> None:
     """Drops a detached week's indexes one statement each, then its table. A commit that
     drops a relation frees its files before it returns, in time that grows with their size:
-    one statement for a week's 0.9 GB of heap and its indexes together went over 200 ms on
-    disks where each part alone stays under. A week left half dropped keeps its name, and the
-    next run finishes it."""
+    a week of events at 10M items (0.95 GB of heap, 0.92 GB in 4 indexes) took 395 to 446 ms
+    in one statement, and 37 to 74 ms an index, then 202 to 224 ms the heap. A week left
+    half dropped keeps its name, and the next run finishes it."""
     cursor.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass "
                    "AND contype IN ('p', 'u')", [f'"{name}"'])
     for (constraint,) in cursor.fetchall():
