@@ -1007,9 +1007,9 @@ def alert_summary(kind: str, value: float | None, threshold: int, window) -> str
 
     # Only the kind's own words are made: an overview shows hundreds of firing alerts.
     words = {
-        kinds.DEAD_LETTERS: lambda: f"{value:,.0f} dead letters (over {threshold:,})",
+        kinds.DEAD_LETTERS: lambda: f"{_count(value, 'dead letter')} (over {threshold:,})",
         kinds.DEPTH: lambda: f"depth {value:,.0f} (over {threshold:,})",
-        kinds.FAILURES: lambda: f"{value:,.0f} failures in {span()} (over {threshold:,})",
+        kinds.FAILURES: lambda: f"{_count(value, 'failure')} in {span()} (over {threshold:,})",
         kinds.RUN_TIME: lambda: f"run time p95 {seconds_words(value)} in {span()} "
                                 f"(over {seconds_words(threshold)})",
         kinds.OLDEST_WAIT: lambda: f"oldest wait {seconds_words(value)} "
@@ -1022,6 +1022,10 @@ def alert_summary(kind: str, value: float | None, threshold: int, window) -> str
                                       f"(over {seconds_words(threshold)})",
     }
     return words[kind]()
+
+
+def _count(value: float, noun: str) -> str:
+    return f"{value:,.0f} {noun}" + ("" if round(value) == 1 else "s")
 
 
 class AlertRun(models.Model):

@@ -33,6 +33,7 @@ from queues.models import (
     Item,
     MetricMinute,
     SweepRun,
+    alert_summary,
     histogram_column,
 )
 from tests.factories import QueueFactory, items_in_status
@@ -140,6 +141,14 @@ def test_failures_count_retries_and_permanent_failures_in_the_window(queue):
     firing = AlertFiring.objects.get(rule__kind="failures")
     assert firing.value == 2
     assert firing.summary == "2 failures in the last hour (over 1)"
+
+
+def test_one_dead_letter_or_failure_is_said_in_the_singular():
+    hour = timedelta(hours=1)
+    assert alert_summary("dead_letters", 1, 0, None) == "1 dead letter (over 0)"
+    assert alert_summary("dead_letters", 1_234, 100, None) == "1,234 dead letters (over 100)"
+    assert alert_summary("failures", 1, 0, hour) == "1 failure in the last hour (over 0)"
+    assert alert_summary("failures", 0, 0, hour) == "0 failures in the last hour (over 0)"
 
 
 def test_run_time_p95_comes_from_the_history_buckets(queue):

@@ -290,11 +290,19 @@ def queue_row(context, summary, now: datetime):
         dead=num(summary.dead_letters),
         chart=outcome_chart(summary.completed, summary.failed, queue.key),
         wait=_percentiles(summary.wait), run=_percentiles(summary.run),
-        oldest=age(summary.oldest_waiting, now)))
+        oldest=_unbroken(age(summary.oldest_waiting, now))))
 
 
 def _percentiles(pair: tuple[float, float] | None) -> str:
-    return f"{duration_words(pair[0])} / {duration_words(pair[1])}" if pair else "—"
+    if not pair:
+        return "—"
+    return _unbroken(f"{duration_words(pair[0])} /") + " " + _unbroken(duration_words(pair[1]))
+
+
+def _unbroken(words: str) -> str:
+    """Words kept on one line: a narrow column then breaks after the "/" between two
+    durations, not inside "7 h 52 min" or before the "/"."""
+    return words.replace(" ", "\N{NO-BREAK SPACE}")
 
 
 @register.simple_tag

@@ -1,11 +1,12 @@
 """The dashboard on a phone (390x844) in Debian's headless Chromium: a compact header whose menu
 opens behind a button (and stays open without scripts), no page that scrolls sideways (a table
 scrolls inside its own box), the overview's queue column that stays beside its numbers, and
-status badges never cut off. Screenshots go to var/test-artifacts/browser/ (phone-*.png)."""
+status badges never cut off. And the overview whole in a laptop's window (1280 px), alerts
+firing. Screenshots go to var/test-artifacts/browser/ (phone-*.png)."""
 
 import pytest
 
-from tests.browser.conftest import MAIN_PAGES, PHONE
+from tests.browser.conftest import DESKTOP, MAIN_PAGES, PHONE
 from tests.browser.seed import PASSWORD
 from tests.browser.support import artifact, check_accessibility, playwright_or_skip
 
@@ -110,3 +111,12 @@ def test_status_badges_are_never_cut_off(open_page, dashboard_server, main_pages
     page = open_page("viewer", viewport=PHONE)
     page.goto(dashboard_server + (main_pages | MORE_PAGES)[name])
     assert_badges_whole(page, name)
+
+
+def test_the_overview_fits_a_laptop_window_with_its_alerts_firing(open_page):
+    page = open_page("viewer", viewport=DESKTOP)
+    table = page.locator("#queue-table .table-scroll")
+    expect(page.locator("#queue-table .badge-alert").first).to_be_visible()
+    table.screenshot(path=artifact("laptop-overview"))
+    width, room = table.evaluate("box => [box.scrollWidth, box.clientWidth]")
+    assert width <= room, f"the overview is {width} px wide in {room} px: a column is cut off"
