@@ -2,6 +2,7 @@
 acknowledge and mute for Operators, rule edits for Admins, each audited; CSRF on every POST;
 bad input answered 4xx with nothing written."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -38,18 +39,72 @@ def edit(client, rule, headers=None, **changes):
     return client.post(f"/alerts/rules/{rule.pk}/", data, headers=headers)
 
 
-def test_every_role_sees_rules_per_queue_and_the_firing_alerts(role_client, depth, firing):
+def test_every_role_sees_the_firings_the_installations_rules_and_a_line_per_queue(
+        role_client, depth, firing):
     response = role_client("Viewer").get("/alerts/")
     html = response.content.decode()
     assert response.status_code == 200
-    assert 'id="alerts-emails"' in html and 'id="alerts-installation"' in html
+    assert 'id="alerts-installation"' in html and "No worker cluster beating" in html
     assert "depth 12,345 (over 10,000)" in html
     assert "webhook: failed: HTTP 503" in html
-    assert "Dead letters" in html and "No worker cluster beating" in html
+    # The queue's rules are a line of counts, its firing alert linked to its rule's row.
+    assert 'href="/alerts/?queue=emails">emails</a>' in html
+    assert f'id="rule-{depth.pk}"' not in html
+    assert f'href="/alerts/?queue=emails#rule-{depth.pk}"' in html
     # A Viewer sees no control.
     assert "Acknowledge</button>" not in html and "Mute</button>" not in html
     assert "Save</button>" not in html
     assert 'href="/alerts/" aria-current="page"' in html
+
+
+def test_a_queues_page_shows_its_rules_and_only_its_firings(role_client, depth, firing):
+    other = QueueFactory(key="reports")
+    AlertFiring.objects.create(rule=AlertRule.objects.get(queue=other, kind="depth"),
+                               started_at=timezone.now(), value=777, threshold=10)
+    html = role_client("Viewer").get("/alerts/?queue=emails").content.decode()
+    assert 'id="alerts-emails"' in html and f'id="rule-{depth.pk}"' in html
+    assert "Dead letters" in html and "Run time p95" in html
+    assert "depth 12,345 (over 10,000)" in html and "depth 777" not in html
+    assert "No worker cluster beating" not in html
+    fragment = role_client("Viewer").get("/alerts/?queue=reports", HTTP_HX_REQUEST="true")
+    assert "depth 777" in fragment.content.decode()
+    assert "depth 12,345" not in fragment.content.decode()
+
+
+def test_the_line_per_queue_counts_firing_muted_and_disabled_rules(role_client, depth, firing):
+    AlertRule.objects.filter(queue=depth.queue, kind="failures").update(enabled=False)
+    AlertRule.objects.filter(queue=depth.queue, kind__in=["depth", "run_time"]).update(
+        muted_until=timezone.now() + timedelta(hours=1))
+    html = role_client("Viewer").get("/alerts/").content.decode()
+    line = html[html.index('href="/alerts/?queue=emails">emails</a></th>'):].split("</tr>")[0]
+    line = line.split("</th>", 1)[1]
+    counts = [re.sub("<[^>]+>", "", cell).strip() for cell in line.split("</td>")[:-1]]
+    assert counts == ["5", "1", "2", "1"], line
+
+
+def test_an_unknown_queue_is_a_400_that_says_so(role_client):
+    for headers in ({}, {"HTTP_HX_REQUEST": "true"}):
+        response = role_client("Viewer").get("/alerts/?queue=nope", **headers)
+        assert response.status_code == 400
+        assert "Select a valid choice" in response.content.decode()
+
+
+def test_with_many_firing_the_page_of_every_queue_lists_the_newest(role_client, queue):
+    from queues.web import alerts as alerts_view
+    queues = [QueueFactory(key=f"q{n:02d}") for n in range(alerts_view.FIRINGS_LISTED // 4 + 1)]
+    now = timezone.now()
+    firings = [AlertFiring(rule=rule, started_at=now - timedelta(minutes=n), value=1,
+                           threshold=0)
+               for n, rule in enumerate(AlertRule.objects.filter(queue__in=queues)
+                                        .exclude(kind="oldest_wait").order_by("pk"))]
+    AlertFiring.objects.bulk_create(firings)
+    html = role_client("Viewer").get("/alerts/", HTTP_HX_REQUEST="true").content.decode()
+    more = len(firings) - alerts_view.FIRINGS_LISTED
+    assert html.count("Acknowledged</th>") == 1 and html.count('class="badge badge-alert"') == \
+        alerts_view.FIRINGS_LISTED
+    assert f"And {more} more firing" in html
+    newest = html.index(f"#rule-{firings[0].rule_id}")
+    assert f"#rule-{firings[-1].rule_id}\"" not in html and newest > 0
 
 
 def test_htmx_refresh_returns_only_the_firings(role_client, firing):
@@ -117,7 +172,8 @@ def test_operators_cannot_edit_rules_admins_do_audited(role_client, depth):
     client = role_client("Admin")
     response = edit(client, depth, threshold=500, channels=["email"],
                     emails="dev@example.com, oncall@example.com")
-    assert response.status_code == 302  # without htmx: back to the page
+    assert response.status_code == 302  # without htmx: back to the page, at the rule's row
+    assert response["Location"] == f"/alerts/?queue=emails#rule-{depth.pk}"
     depth.refresh_from_db()
     assert (depth.threshold, depth.channels, depth.emails) == (
         500, ["email"], ["dev@example.com", "oncall@example.com"])
@@ -198,6 +254,6 @@ def test_recorded_names_are_escaped(role_client, depth, firing):
         muted_until=timezone.now() + timedelta(hours=1), muted_by="<script>alert(1)</script>")
     AlertFiring.objects.filter(pk=firing.pk).update(acknowledged_at=timezone.now(),
                                                     acknowledged_by="<b>x</b>")
-    html = role_client("Viewer").get("/alerts/").content.decode()
+    html = role_client("Viewer").get("/alerts/?queue=emails").content.decode()
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html

@@ -623,6 +623,11 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
         "accounts by oldest wait, page 2 (keyset)": f"{base}accounts/?{by_wait}",
         "dead letters": "/dead-letters/",
         "audit log": "/audit/",
+        "alerts (every queue's rules)": "/alerts/",
+        "workers": "/workers/",
+        "selector and sweeper": "/activity/",
+        "live stream page": f"{base}stream/",
+        "bulk page": f"{base}bulk/",
         "search by identifier (every queue)": f"/search/?q={failed_identifier}",
         "/metrics (every queue)": "/metrics",
     }

@@ -4,11 +4,15 @@ so a view never passes request data to the ORM as it came."""
 import re
 import zoneinfo
 from datetime import timedelta
+from html import escape
 from urllib.parse import urlencode
 
 from django import forms
 from django.core.validators import validate_email
+from django.forms.utils import flatatt
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 from queues.engine import alerts, payloads
 from queues.engine.bulk import KINDS, MAX_SELECTION, selection_range
@@ -38,6 +42,22 @@ TASK_PATH = re.compile(r"^[^\W\d]\w*(\.[^\W\d]\w*)+$")
 # Which time a range bounds; an empty choice means the natural one for what is asked.
 CLOCK_CHOICES = [("enqueued", "Enqueued"), ("finished", "Finished / failed"),
                  ("updated", "Last updated"), ("next_run", "Next run")]
+
+
+class QueueSelect(forms.Select):
+    """A select of every queue, rendered in Python: Django's template per option took 20 ms
+    of each page that offers 100 queues. Flat choices only, no option groups."""
+
+    def render(self, name, value, attrs=None, renderer=None):
+        chosen = set(self.format_value(value))
+        # The standard library's escape, as in the overview's rows: format_html per option
+        # cost as much as the rest of the select.
+        options = "".join(
+            f'<option value="{escape(key)}"{" selected" if key in chosen else ""}>'
+            f"{escape(label)}</option>" for key, label in self.choices)
+        return format_html('<select name="{}"{}>{}</select>', name,
+                           flatatt(self.build_attrs(self.attrs, attrs)),
+                           mark_safe(options))  # noqa: S308 - every text above is escaped
 
 
 def check_range(form, start, end, start_field="created_from", end_field="created_to"):
@@ -306,12 +326,24 @@ def _queue_choices():
 
 
 class DeadLetterFilterForm(forms.Form):
-    queue = forms.ChoiceField(required=False, choices=_queue_choices, label="Queue")
+    queue = forms.ChoiceField(required=False, choices=_queue_choices, label="Queue",
+                              widget=QueueSelect)
     account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
     reason = forms.ChoiceField(required=False, choices=DEAD_LETTER_REASONS)
     period = forms.ChoiceField(required=False, label="Failed", choices=[
         ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")])
     before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+
+class AlertScopeForm(forms.Form):
+    """Which alerts page: every queue's (nothing chosen) or one queue's."""
+
+    queue = forms.ChoiceField(required=False, choices=_queue_choices, label="Rules of",
+                              widget=QueueSelect)
+
+    def clean_queue(self) -> Queue | None:
+        key = self.cleaned_data["queue"]
+        return Queue.objects.get(key=key) if key else None
 
 
 MUTE_DURATIONS = {"1h": ("1 hour", timedelta(hours=1)), "4h": ("4 hours", timedelta(hours=4)),
