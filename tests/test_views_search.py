@@ -27,3 +27,15 @@ def test_prefix_when_nothing_matches_exactly(role_client):
 def test_nothing_found(role_client):
     QueueFactory(key="emails")
     assert b"Nothing found" in role_client("Viewer").get("/search/?q=zzz").content
+
+
+def test_it_says_when_more_items_start_so_than_it_lists(role_client):
+    from queues.web.pages import LIST_SIZE
+    enqueued(QueueFactory(key="emails"), LIST_SIZE + 1, prefix="order")
+    response = role_client("Viewer").get("/search/?q=order-")
+    html = response.content.decode()
+    assert len(response.context["results"]) == LIST_SIZE
+    assert f"{LIST_SIZE} of the items starting with “order-”" in html
+    assert "a longer start of the identifier narrows them" in html
+    fewer = role_client("Viewer").get("/search/?q=order-1").content.decode()
+    assert "More items match" not in fewer and "of the items" not in fewer

@@ -165,9 +165,11 @@ def search(request):
     form = SearchForm(request.GET or None)
     results, exact = [], True
     if form.is_valid():
-        results, exact = queries.search_identifier(form.cleaned_data["q"], LIST_SIZE)
-    return render_page(request, "queues/search.html",
-                  {"form": form, "results": results, "exact": exact, "now": timezone.now()})
+        # One more than shown, to say when there are more than the page lists.
+        results, exact = queries.search_identifier(form.cleaned_data["q"], LIST_SIZE + 1)
+    return render_page(request, "queues/search.html", {
+        "form": form, "results": results[:LIST_SIZE], "more": len(results) > LIST_SIZE,
+        "exact": exact, "now": timezone.now()})
 
 
 @require_GET
