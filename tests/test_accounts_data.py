@@ -25,8 +25,20 @@ def tenant():
 
 def test_the_footprint_counts_the_account_on_every_queue(tenant):
     found = accounts.footprint("acme")
-    assert found["items in total"] == 6 and found["items permanent failure"] == 2
-    assert found["dead letters"] == 2 and found["events"] > 6
+    assert found["items in total"] == (6, True) and found["items permanent failure"] == (2, True)
+    assert found["dead letters"] == (2, True) and found["events"].n > 6
+    assert found["attempts"] == (Attempt.objects.filter(item__account="acme").count(), True)
+    assert "items cancelled" not in found
+
+
+def test_the_footprint_stops_counting_past_its_limit(tenant, monkeypatch):
+    monkeypatch.setattr(accounts, "COUNT_LIMIT", 1)
+    monkeypatch.setattr(accounts, "ATTEMPTS_COUNTED_ITEMS", 5)
+    found = accounts.footprint("acme")
+    assert found["items queued"] == (1, False) and found["items complete"] == (1, True)
+    assert str(found["items queued"]) == "1+" and str(found["items complete"]) == "1"
+    assert found["items in total"] == (4, False) and str(found["items in total"]) == "4+"
+    assert found["attempts"] == (None, True) and str(found["attempts"]) == "not counted"
 
 
 def test_the_export_holds_every_item_and_its_history(tenant):

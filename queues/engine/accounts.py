@@ -12,8 +12,7 @@ batches of BATCH items, each one short transaction, and at most MAX_ITEMS per ca
 import json
 from collections import Counter
 from collections.abc import Iterator
-
-from django.db.models import Count
+from typing import NamedTuple
 
 from queues.engine import audit, lifecycle
 from queues.models import (
@@ -29,6 +28,8 @@ from queues.models import (
 
 BATCH = 1000
 MAX_ITEMS = 100_000
+COUNT_LIMIT = 10_000  # the page's counts stop past it
+ATTEMPTS_COUNTED_ITEMS = 1_000
 WAITING = (Status.QUEUED, Status.DISPATCHED, Status.RETRY)
 ITEM_FIELDS = ("id", "queue__key", "account", "identifier", "status", "priority", "payload",
                "attempts", "last_error", "run_at", "created_at", "updated_at", "finished_at")
@@ -40,16 +41,48 @@ def _of(model, account: str):
     return model.objects.filter(queue_id__in=Queue.objects.values("pk"), account=account)
 
 
-def footprint(account: str) -> dict[str, int]:
-    """How much of the account there is: items per status, and their history."""
-    counts = Counter(dict(_of(Item, account).values_list("status").annotate(n=Count("id"))))
+class Tally(NamedTuple):
+    """A count that may stop at COUNT_LIMIT (then it reads "10,000+"), or was not made."""
+
+    n: int | None
+    exact: bool = True
+
+    def __str__(self):
+        if self.n is None:
+            return "not counted"
+        return f"{self.n:,}" + ("" if self.exact else "+")
+
+
+def footprint(account: str) -> dict[str, Tally]:
+    """How much of the account there is: items per status, and their history. Each count stops
+    past COUNT_LIMIT: the largest account of a 1M-item seed (107,151 items) took 0.9 s to count
+    exactly, and at 10M items the largest holds about a million."""
+    items = {status: _capped(_of(Item, account).filter(status=status), "status")
+             for status in Status}
     return {
-        **{f"items {Status(status).label.lower()}": n for status, n in sorted(counts.items())},
-        "items in total": sum(counts.values()),
-        "attempts": Attempt.objects.filter(item__in=_of(Item, account)).count(),
-        "events": _of(ItemEvent, account).count(),
-        "dead letters": _of(DeadLetter, account).count(),
+        **{f"items {status.label.lower()}": tally for status, tally in items.items() if tally.n},
+        "items in total": Tally(sum(tally.n for tally in items.values()),
+                                all(tally.exact for tally in items.values())),
+        "attempts": _attempts(account),
+        "events": _capped(_of(ItemEvent, account), "queue_id"),
+        "dead letters": _capped(_of(DeadLetter, account), "queue_id"),
     }
+
+
+def _capped(rows, column: str) -> Tally:
+    # One indexed column, so that PostgreSQL counts from the index alone.
+    n = rows.values(column)[:COUNT_LIMIT + 1].count()
+    return Tally(min(n, COUNT_LIMIT), n <= COUNT_LIMIT)
+
+
+def _attempts(account: str) -> Tally:
+    """Attempts are found by their item: through its id, which only the item's row holds, so
+    they are counted for accounts of at most ATTEMPTS_COUNTED_ITEMS items (PostgreSQL joined the
+    whole attempt table for an account of 34,056 items: 0.3 s at 1M items)."""
+    ids = list(_of(Item, account).values_list("id", flat=True)[:ATTEMPTS_COUNTED_ITEMS + 1])
+    if len(ids) > ATTEMPTS_COUNTED_ITEMS:
+        return Tally(None)
+    return _capped(Attempt.objects.filter(item_id__in=ids), "item_id")
 
 
 def export_lines(account: str) -> Iterator[str]:

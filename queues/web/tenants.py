@@ -15,8 +15,14 @@ from queues.web.forms import AccountForm
 def tenant_data(request):
     form = AccountForm(request.GET or None)
     footprint = accounts.footprint(form.cleaned_data["account"]) if form.is_valid() else None
-    return render_page(request, "queues/tenant.html", {"form": form, "footprint": footprint},
+    return render_page(request, "queues/tenant.html", {"form": form, "footprint": footprint,
+                                                        **_limits()},
                        status=400 if form.is_bound and not form.is_valid() else 200)
+
+
+def _limits() -> dict:
+    return {"count_limit": accounts.COUNT_LIMIT,
+            "attempts_counted_items": accounts.ATTEMPTS_COUNTED_ITEMS}
 
 
 @require_GET
@@ -43,4 +49,5 @@ def tenant_erase(request):
     account = form.cleaned_data["account"]
     erased = accounts.erase(account, actor=request.user)
     return render_page(request, "queues/tenant.html", {
-        "form": form, "footprint": accounts.footprint(account), "erased": list(erased.items())})
+        "form": form, "footprint": accounts.footprint(account), "erased": list(erased.items()),
+        **_limits()})

@@ -26,7 +26,7 @@ class Command(BaseCommand):
                 sys.stdout.write(line)
             return
         for what, n in footprint.items():
-            self.stderr.write(f"{what}: {n:,}")
+            self.stderr.write(f"{what}: {n}")
         if not erase:
             return
         if not yes and input(f"Erase all of {account!r}? Type the account to confirm: ") != account:
