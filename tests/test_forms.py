@@ -1,11 +1,11 @@
-"""queues.web.forms: the select of every queue, rendered in Python, says what Django's own
-select says."""
+"""queues.web.forms: the select of many options (every queue, every time zone), rendered in
+Python, says what Django's own select says."""
 
 import pytest
 from django import forms
 from django.test.html import parse_html
 
-from queues.web.forms import DeadLetterFilterForm, QueueSelect
+from queues.web.forms import DeadLetterFilterForm, LongSelect
 from tests.factories import QueueFactory
 
 pytestmark = pytest.mark.django_db
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 class Both(forms.Form):
     ours = forms.ChoiceField(choices=[("", "Every <queue>"), ("a&b", 'A "&" B'), ("c", "C")],
-                             widget=QueueSelect, required=False)
+                             widget=LongSelect, required=False)
     djangos = forms.ChoiceField(choices=[("", "Every <queue>"), ("a&b", 'A "&" B'), ("c", "C")],
                                 required=False)
 
