@@ -4,7 +4,6 @@ Operators acknowledge a firing and mute or unmute a rule; Admins, who edit queue
 a rule's threshold, window, channels and recipients.
 queues.engine.alerts does the work and writes the audit entries."""
 
-from functools import cache
 from urllib.parse import urlencode
 
 from django.db.models import Count, Exists, F, OuterRef, Q
@@ -46,10 +45,9 @@ def _firings(now, queue: Queue | None = None) -> dict:
     more = open_firings.count() - FIRINGS_LISTED if len(listed) > FIRINGS_LISTED else 0
     # Each row's two links, reversed once for all: per row, they were half of its time.
     acknowledge = reverse("queues:alert_acknowledge", args=[0]).replace("/0/", "/{}/")
-    scope = f"?{urlencode({'queue': queue.key})}" if queue else ""
     for firing in listed:
         firing.rule_url = _rule_url(firing.rule)
-        firing.acknowledge_url = acknowledge.format(firing.pk) + scope
+        firing.acknowledge_url = acknowledge.format(firing.pk) + _scope_query(queue)
     return {"open_firings": listed[:FIRINGS_LISTED], "more_firing": more,
             "recent_firings": list(recent[:RECENT]), "now": now, "scope": queue}
 
@@ -164,14 +162,12 @@ def firing_acknowledge(request, pk):
                    _page_url(queue), said, ok=done)
 
 
-@cache
-def _alerts_url() -> str:
-    return reverse("queues:alerts")
+def _scope_query(queue: Queue | None) -> str:
+    return f"?{urlencode({'queue': queue.key})}" if queue else ""
 
 
 def _page_url(queue: Queue | None) -> str:
-    url = _alerts_url()
-    return f"{url}?{urlencode({'queue': queue.key})}" if queue else url
+    return reverse("queues:alerts") + _scope_query(queue)
 
 
 def _rule_url(rule: AlertRule) -> str:
