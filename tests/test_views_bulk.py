@@ -224,3 +224,32 @@ def test_a_running_operation_shows_its_percentage_and_estimated_end(role_client,
     html = role_client("Viewer").get(f"/queues/emails/bulk/{operation.pk}/").content.decode()
     assert "25%" in html and "ends about" in html
     assert "Range over</dt><dd>Finished time" in html
+
+
+def test_the_range_fields_name_the_operators_time_zone(role_client, queue):
+    client = role_client("Operator")
+    client.post("/preferences/", {"time_zone": "Europe/Berlin", "theme": "system"})
+    html = client.get("/queues/emails/bulk/").content.decode()
+    assert "From (Europe/Berlin)" in html and "To (Europe/Berlin)" in html
+    assert "(UTC)" not in html
+
+
+@pytest.mark.parametrize("period", ["1h", "all"])
+def test_dates_typed_beside_a_preset_are_refused_not_dropped(role_client, queue, period):
+    response = role_client("Operator").get("/queues/emails/bulk/", {
+        **PREVIEW, "period": period, "created_from": "2026-01-01T10:00",
+        "created_to": "2026-01-01T11:00"})
+    assert response.status_code == 422
+    assert "Choose From / to to use the dates you typed" in response.content.decode()
+
+
+def test_a_time_that_does_not_exist_in_the_zone_is_said_once(role_client, queue):
+    client = role_client("Operator")
+    client.post("/preferences/", {"time_zone": "Europe/Berlin", "theme": "system"})
+    response = client.get("/queues/emails/bulk/", {
+        **PREVIEW, "period": "custom", "created_from": "2026-03-29T02:30",
+        "created_to": "2026-03-29T05:00"})
+    html = response.content.decode()
+    assert response.status_code == 422
+    assert "couldn’t be interpreted in time zone Europe/Berlin" in html
+    assert "Required for a custom range" not in html

@@ -282,12 +282,18 @@ class BulkForm(TimeRangeForm, ItemFilters):
         if not data.get("status") and kind in ("retry", "cancel"):
             self.add_error("status", "Choose at least one status.")
         period = data.get("period")
-        if period in PERIODS:
+        typed = data.get("created_from") or data.get("created_to")
+        if period in (*PERIODS, "all") and typed:
+            # Typed dates are never dropped in silence, as on the item list.
+            self.add_error("period", "Choose From / to to use the dates you typed, or clear "
+                                     "them.")
+        elif period in PERIODS:
             data["created_to"] = timezone.now()
             data["created_from"] = data["created_to"] - PERIODS[period]
         elif period == "custom":
             for name in ("created_from", "created_to"):
-                if not data.get(name):
+                # A date that could not be read has said why already.
+                if not data.get(name) and name not in self.errors:
                     self.add_error(name, "Required for a custom range.")
         elif period == "all":
             # Every item so far; the preview's snapshot and the operation limit still bound it.
