@@ -3,6 +3,7 @@ import sys
 from django.apps import AppConfig
 from django.contrib.admin import apps as admin_apps
 from django.db.models.signals import post_migrate, post_save
+from django.urls import register_converter
 from django.utils.module_loading import autodiscover_modules
 
 
@@ -16,11 +17,13 @@ class QueuesConfig(AppConfig):
         from queues.engine import heartbeat, tasks, webhook  # noqa: F401  handlers register
         from queues.engine.alerts import create_default_rules, ensure_installation_rules
         from queues.engine.schedules import ensure_schedules
-        from queues.models import Queue
+        from queues.models import Queue, QueueKeyConverter
         from queues.ops.startup import freeze_what_lives_forever
         from queues.permissions import grant_admin_permissions
         from queues.web import middleware  # noqa: F401  connects the login signal
 
+        # Before any URLconf is read: the dashboard's and the API's both name queues by it.
+        register_converter(QueueKeyConverter, "queue")
         # Every installed app may register handlers in its handlers.py.
         autodiscover_modules("handlers")
         post_migrate.connect(ensure_schedules, sender=self)

@@ -61,10 +61,30 @@ def validate_printable(text: str):
     if not printable(text):
         raise ValidationError(PRINTABLE_TEXT.capitalize() + ".", code="printable")
 
+QUEUE_KEY_PATTERN = r"[a-z0-9][a-z0-9_-]{0,63}"
 key_validator = RegexValidator(
-    r"^[a-z0-9][a-z0-9_-]{0,63}$",
+    rf"^{QUEUE_KEY_PATTERN}$",
     "Use 1-64 lowercase letters, digits, '-' or '_', starting with a letter or digit.",
 )
+
+
+def is_queue_key(text) -> bool:
+    """Whether `text` could name a queue; only such text reaches a query (PostgreSQL refuses
+    to compare text holding a NUL byte, with an error instead of no row)."""
+    return isinstance(text, str) and key_validator.regex.fullmatch(text) is not None
+
+
+class QueueKeyConverter:
+    """URLs name a queue only by a key it could have: anything else (a NUL byte, which
+    PostgreSQL refuses to compare, or 300 characters) is a 404 before any query."""
+
+    regex = QUEUE_KEY_PATTERN
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
 
 
 def default_backoff():

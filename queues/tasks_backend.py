@@ -31,9 +31,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from queues.api import strictjson
 from queues.conf import setting
-from queues.engine import lifecycle
+from queues.engine import lifecycle, strictjson
 from queues.engine import tasks as framework
 from queues.engine.handlers import TASK_HANDLER
 from queues.models import TIME_BOUNDS_TEXT, Queue, key_validator, time_in_bounds

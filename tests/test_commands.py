@@ -66,7 +66,17 @@ def test_enqueue_command_puts_an_item_on_the_queue():
         (["nope", "--account", "a", "--identifier", "i"], "unknown queue 'nope'"),
         (["emails", "--account", "a", "--identifier", "i", "--payload", "{"], "not valid JSON"),
         (["emails", "--account", "a", "--identifier", "i", "--run-at", "2026-01-01T09:00"],
-         "timezone-aware"),
+         "has no time zone"),
+        (["emails", "--account", "a", "--identifier", "i", "--run-at", "2026-13-01T00:00Z"],
+         "not a valid time: month must be in 1..12"),
+        (["emails", "--account", "a", "--identifier", "i", "--run-at", "2026-01-01T00:00+25:00"],
+         "not a valid time"),
+        (["emails", "--account", "a", "--identifier", "i", "--payload", '{"a": 1, "a": 2}'],
+         "duplicate key 'a'"),
+        (["emails", "--account", "a", "--identifier", "i", "--payload", '{"a": "\\u0000"}'],
+         "at a: strings must not contain"),
+        (["emails", "--account", "a", "--identifier", "i", "--payload", "[" * 5000 + "]" * 5000],
+         "nested deeper than 32 levels"),
     ],
 )
 def test_enqueue_command_explains_bad_input(args, message):
@@ -74,6 +84,15 @@ def test_enqueue_command_explains_bad_input(args, message):
     with pytest.raises(CommandError, match=message):
         run("enqueue", *args)
     assert not Item.objects.exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--rate", "nan"], "give a rate above 0"), (["--rate", "inf"], "give a rate above 0"),
+    (["--rate", "0"], "give a rate above 0"), (["--accounts", "0"], "give at least 1"),
+    (["--accounts", "-5"], "give at least 1"), (["--accounts", "many"], "not a whole number")])
+def test_the_producer_refuses_a_rate_or_account_count_it_cannot_use(args, message):
+    with pytest.raises(CommandError, match=message):
+        run("produce", "--seconds", "0.1", *args)
 
 
 def test_bench_enqueue_reports_throughput_and_writes_json(tmp_path, monkeypatch):

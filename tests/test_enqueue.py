@@ -201,6 +201,20 @@ def test_an_unknown_queue_is_refused(queue):
     assert written() == (0, 0, 0)
 
 
+def deeply_nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("key", ["a\x00b", "Emails", 42, None])
+def test_a_key_no_queue_could_have_is_an_unknown_queue_not_a_database_error(queue, key):
+    with pytest.raises(UnknownQueue):
+        enqueue(key, **good())
+    assert written() == (0, 0, 0)
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
@@ -229,6 +243,13 @@ def test_an_unknown_queue_is_refused(queue):
         ({"payload": {1, 2}}, "payload"),
         ({"payload": {"x": float("nan")}}, "payload"),
         ({"payload": [float("inf")]}, "payload"),
+        # What the API refuses, refused here too: PostgreSQL cannot store a NUL, a lone
+        # surrogate cannot be encoded when the item is read, a huge integer not read back in
+        # JavaScript, nor nesting past the API's 32 levels.
+        ({"payload": {"note": "a\x00b"}}, "payload"),
+        ({"payload": {"note\ud800": 1}}, "payload"),
+        ({"payload": {"n": 2**70}}, "payload"),
+        ({"payload": deeply_nested(200)}, "payload"),
         ({"colour": "blue"}, "colour"),
         ({"task_path": "os.system"}, "task_path"),  # set by the django.tasks backend only
     ],

@@ -176,3 +176,26 @@ def test_every_filter_of_the_admin_sites_lists_answers_hostile_values_without_a_
     problems += [answer(admin, "get", f"{url}{value}/change/", {}) for value in (HUGE, "²")]
     problems = [problem for problem in problems if problem]
     assert not problems, "\n".join(problems[:10])
+
+
+KEYED = [(name, namespace, kwarg_names) for name, namespace, kwarg_names in URLS
+         if "key" in kwarg_names]
+NOT_QUEUE_KEYS = ["a%00b", "%00", "Q", "a%20b", "x" * 65, "a%E2%80%AEb"]
+
+
+@pytest.mark.parametrize("name, namespace, kwarg_names", KEYED, ids=[url[0] for url in KEYED])
+def test_a_url_naming_a_key_no_queue_could_have_is_a_404_before_any_query(
+        name, namespace, kwarg_names, sample, admin):
+    """PostgreSQL refuses to compare text with a NUL byte: such a key, looked up, was a 500."""
+    from queues.engine import tokens
+
+    _, secret = tokens.create("walker", all_queues=True, scopes=tokens.SCOPES)
+    url = urlsplit(url_of(name, kwarg_names, rule_for(name, namespace), sample)).path
+    assert "/queues/q/" in url
+    for key in NOT_QUEUE_KEYS:
+        hostile = url.replace("/queues/q/", f"/queues/{key}/", 1)
+        for method in ("get", "post"):
+            response = getattr(admin, method)(hostile, HTTP_AUTHORIZATION=f"Bearer {secret}")
+            assert response.status_code == 404, (method, hostile, response.status_code)
+            if namespace == "queues_api":
+                assert response["Content-Type"] == "application/json"

@@ -13,9 +13,8 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from queues.api import openapi as openapi_document
-from queues.api import strictjson
 from queues.conf import setting
-from queues.engine import bulk, counters, forecast, lifecycle, pausing, tokens
+from queues.engine import bulk, counters, forecast, lifecycle, pausing, strictjson, tokens
 from queues.engine.errors import MESSAGE_LIMIT
 from queues.models import (
     LIVE_STATUSES,

@@ -17,7 +17,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from queues.engine import counters
+from queues.engine import counters, strictjson
 from queues.engine.db import (
     chunked,
     from_db_datetime,
@@ -45,6 +45,7 @@ from queues.models import (
     ItemEvent,
     Queue,
     Status,
+    is_queue_key,
     printable,
     time_in_bounds,
 )
@@ -222,10 +223,13 @@ def normalise_item(item: Mapping, now: datetime) -> dict:
     payload = item.get("payload")
     payload = {} if payload is None else payload
     try:
-        # Round-trip so that the stored payload and the dedup comparison see the same values.
-        payload = json.loads(json.dumps(payload, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        fields["payload"] = f"must be JSON-serialisable: {exc}"
+        # The API's rules for any caller (no NUL, lone surrogate, huge integer or deep nesting:
+        # what the database refuses or the API could not read back), then a round-trip so that
+        # the stored payload and the dedup comparison see the same values.
+        strictjson.check_python(payload, "payload")
+        payload = json.loads(json.dumps(payload))
+    except strictjson.JSONBodyError as exc:
+        fields["payload"] = f"{exc.message} (at {exc.field})"
     run_at = item.get("run_at")
     if run_at is None:
         run_at = now
@@ -267,6 +271,8 @@ def enqueue_many(queue_key: str, items: Iterable[Mapping], *, actor: str = "pyth
         raise EnqueueError(f"at most {BATCH_LIMIT} items per call", {"items": "too many"})
     rows = [normalise_item(item, now) for item in items]
     try:
+        if not is_queue_key(queue_key):
+            raise Queue.DoesNotExist
         queue = Queue.objects.get(key=queue_key)
     except Queue.DoesNotExist:
         raise UnknownQueue(f"unknown queue {queue_key!r}", {"queue": "unknown"}) from None

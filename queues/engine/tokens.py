@@ -10,7 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from queues.engine import audit
-from queues.models import ApiToken, Queue, key_validator, printable
+from queues.models import ApiToken, Queue, is_queue_key, printable
 
 # What a token may do: enqueue (and read items and queues), operate (bulk retry, cancel and
 # replay; pause and resume), purge (delete failed items for good). A token holds the least it needs.
@@ -44,9 +44,7 @@ def create(name: str, *, queue_keys=(), all_queues=False, scopes=(ENQUEUE,),
     queue_keys = sorted(set(queue_keys))
     if all_queues == bool(queue_keys):
         raise TokenError("scope a token to some queues or to all queues (not both, not neither)")
-    # Only what can be a key reaches the query: PostgreSQL refuses a NUL outright.
-    queues = list(Queue.objects.filter(key__in=[
-        key for key in queue_keys if key_validator.regex.fullmatch(key)]))
+    queues = list(Queue.objects.filter(key__in=[key for key in queue_keys if is_queue_key(key)]))
     unknown = set(queue_keys) - {queue.key for queue in queues}
     if unknown:
         raise TokenError(f"unknown queue(s): {', '.join(sorted(unknown))}")

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from queues.engine import selector
 from queues.management.arguments import seconds, text
-from queues.models import Queue
+from queues.models import Queue, is_queue_key
 
 
 class Command(BaseCommand):
@@ -22,7 +22,7 @@ class Command(BaseCommand):
         queues = Queue.objects.filter(paused=False)
         if queue:
             queues = Queue.objects.filter(key=queue)
-            if not queues.exists():
+            if not is_queue_key(queue) or not queues.exists():
                 raise CommandError(f"unknown queue {queue!r}")
         while True:
             filled = False

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from queues import enqueue_many
 from queues.bench.seeding import zipf_counts
+from queues.management import arguments
 from queues.models import Queue
 
 
@@ -43,8 +44,8 @@ class Command(BaseCommand):
     help = "Keep putting demo items on the queues (Ctrl-C to stop)."
 
     def add_arguments(self, parser):
-        parser.add_argument("--rate", type=float, default=5.0, help="items per second")
-        parser.add_argument("--accounts", type=int, default=250)
+        parser.add_argument("--rate", type=arguments.rate, default=5.0, help="items per second")
+        parser.add_argument("--accounts", type=arguments.count, default=250)
         parser.add_argument("--seconds", type=float, default=None, help="stop after this long")
 
     def handle(self, *args, rate, accounts, seconds, **options):

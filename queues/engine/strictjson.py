@@ -1,4 +1,4 @@
-"""Strict JSON decoding for the API: one meaning per document, or a precise error.
+"""Strict JSON: one meaning per document or value, or a precise error.
 
 Python's json module is lenient where producers in other languages would disagree with us: it
 accepts NaN and Infinity, duplicate keys (last wins), integers of any size, lone surrogates and
