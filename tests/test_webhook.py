@@ -21,7 +21,7 @@ from queues import enqueue_many
 from queues.engine import handlers, lifecycle, selector, webhook
 from queues.engine.handlers import PermanentError, RetryableError, Task
 from queues.engine.worker import run_batch
-from queues.models import Attempt, Item, Status
+from queues.models import Attempt, Item, ItemEvent, Status
 from tests.factories import QueueFactory
 from tests.receiver import HUGE_BYTES, Received, Receiver
 
@@ -403,15 +403,36 @@ def test_a_refused_destination_becomes_a_dead_letter_with_the_reason(strict):
 @handlers.handler("test-returns-unstorable")
 def returns_unstorable(task):
     return {"object": {"when": datetime.now(UTC)}, "long": "x" * 20_000,
-            "nul": "a\x00b"}[task.identifier]
+            "nul": "a\x00b", "surrogate": {"k\ud800": 1}}[task.identifier]
 
 
 @pytest.mark.django_db
 def test_a_result_the_attempt_cannot_store_is_replaced_by_a_note_not_lost_with_the_batch():
     queue = QueueFactory(handler="test-returns-unstorable")
-    batch = dispatched_batch(queue, ["object", "long", "nul"])
-    assert run_batch(queue.pk, batch) == {"complete": 3}
+    batch = dispatched_batch(queue, ["object", "long", "nul", "surrogate"])
+    assert run_batch(queue.pk, batch) == {"complete": 4}
     notes = {a.item.identifier: a.result["unsaved"] for a in Attempt.objects.select_related("item")}
-    assert notes["object"].startswith("not JSON-serialisable")
+    assert notes["object"] == "not stored as JSON: a datetime is not a JSON value (at result.when)"
     assert notes["long"].startswith("20002 characters of JSON")
-    assert notes["nul"].startswith("contains NUL characters")
+    assert notes["nul"] == "not stored as JSON: strings must not contain \\u0000 (at result)"
+    assert notes["surrogate"].startswith("not stored as JSON: strings must not contain lone")
+    assert notes["surrogate"].endswith("(at result.k\\ud800)")
+
+
+@handlers.handler("test-raises-unstorable-text")
+def raises_unstorable_text(task):
+    raise RuntimeError("HTTP 503 Bad\x00Gateway \ud800")
+
+
+@pytest.mark.django_db
+def test_an_error_with_a_nul_or_a_lone_surrogate_is_recorded_escaped_not_lost_with_the_batch():
+    # A webhook's status line or any handler's message may carry them; PostgreSQL's text
+    # refuses a NUL, and a surrogate fails every reader that encodes the page.
+    queue = QueueFactory(handler="test-raises-unstorable-text")
+    assert run_batch(queue.pk, dispatched_batch(queue, ["order-1"])) == {"retry": 1}
+    item = Item.objects.get()
+    assert item.last_error == "RuntimeError: HTTP 503 Bad\\x00Gateway \\ud800"
+    attempt = Attempt.objects.get()
+    assert attempt.error == item.last_error
+    assert "\x00" not in attempt.traceback and "Bad\\x00Gateway" in attempt.traceback
+    assert ItemEvent.objects.get(to_status="retry").reason == item.last_error

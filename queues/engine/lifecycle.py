@@ -837,7 +837,19 @@ def _explain_skipped(transition_: Transition, result: TransitionResult,
 
 
 def _clip_error(message: str | None) -> str:
-    return (message or "")[:ERROR_LIMIT]
+    return storable_text((message or "")[:ERROR_LIMIT])
+
+
+def storable_text(text: str) -> str:
+    """A handler's error or traceback as PostgreSQL's text and every reader can hold it: a NUL
+    or a lone surrogate would fail the statement recording its whole batch, so both are
+    written out as escapes."""
+    text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 # --- the transitions callers use -------------------------------------------------------------
@@ -1013,7 +1025,7 @@ def _settle(queue: Queue, outcomes: list[Outcome], *, lost: bool, worker: str,
     for outcome in latest.values():
         fences[outcome.item_id] = outcome.attempt
         data = {"worker": outcome.worker or worker, "error": outcome.error,
-                "traceback": outcome.traceback, "result": outcome.result,
+                "traceback": storable_text(outcome.traceback or ""), "result": outcome.result,
                 "started_at": outcome.started_at, "finished_at": outcome.finished_at}
         exhausted = outcome.attempt >= 1 + queue.max_retries
         if outcome.error is None:

@@ -31,7 +31,7 @@ from django.db import DatabaseError, close_old_connections, connection, transact
 from django.utils import timezone
 
 from queues.conf import setting, task_timeout_seconds
-from queues.engine import handlers, heartbeat, lifecycle, selector
+from queues.engine import handlers, heartbeat, lifecycle, selector, strictjson
 from queues.engine.handlers import PermanentError, RetryableError, Task
 from queues.engine.logfields import item_fields
 from queues.models import Item, Queue, Status
@@ -357,11 +357,14 @@ def _storable(result):
     if result is None:
         return None
     try:
-        text = json.dumps(result, allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        return {"unsaved": f"not JSON-serialisable: {exc}"}
-    if "\\u0000" in text:
-        return {"unsaved": "contains NUL characters, which PostgreSQL's jsonb cannot store"}
+        # The API's rules: what PostgreSQL's jsonb refuses (NUL) or no reader can encode (a
+        # lone surrogate) would otherwise fail the statement recording the whole batch.
+        strictjson.check_python(result, "result")
+        text = json.dumps(result, ensure_ascii=False)
+    except strictjson.JSONBodyError as exc:
+        # The path names the key at fault, which may hold the very character refused.
+        return {"unsaved": lifecycle.storable_text(
+            f"not stored as JSON: {exc.message} (at {exc.field})")}
     if len(text) > RESULT_LIMIT:
         return {"unsaved": f"{len(text)} characters of JSON, over the limit of {RESULT_LIMIT}"}
     return result
