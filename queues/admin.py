@@ -1,11 +1,15 @@
+from django import forms
 from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
+from django.core.exceptions import ValidationError
+from django.db import models
 from django.db.models import Exists, OuterRef
+from django.forms.fields import InvalidJSONInput, JSONString
 from django.urls import reverse
 from django.utils.html import format_html
 
-from queues.engine import audit
+from queues.engine import audit, handlers, strictjson
 from queues.models import AccountPolicy, DeadLetter, Item, Queue
 from queues.permissions import two_factor_installed
 
@@ -49,8 +53,48 @@ def _queue_key(obj) -> str:
     return queue.key if queue is not None else ""
 
 
+class StrictJSONFormField(forms.JSONField):
+    """JSON held to the API's rules: Django's own field stores a NUL (which PostgreSQL refuses,
+    a 500) or a lone surrogate (after which the page cannot be drawn), and nesting a few
+    thousand deep ends its json.loads in a RecursionError."""
+
+    def to_python(self, value):
+        if self.disabled or value in self.empty_values or not isinstance(value, str):
+            return super().to_python(value)
+        try:
+            converted = _strict_json(value)
+        except strictjson.JSONBodyError as exc:
+            where = "" if exc.field == "body" else f" (at {exc.field})"
+            raise ValidationError(f"Not valid JSON{where}: {exc.message}.",
+                                  code="invalid") from None
+        return JSONString(converted) if isinstance(converted, str) else converted
+
+    def bound_data(self, data, initial):
+        if self.disabled or data is None:
+            return super().bound_data(data, initial)
+        try:
+            return _strict_json(data)
+        except strictjson.JSONBodyError:
+            return InvalidJSONInput(data)
+
+
+def _strict_json(text: str):
+    return strictjson.decode(text.encode("utf-8", "surrogatepass"))
+
+
+class QueueForm(forms.ModelForm):
+    # A queue runs a registered handler, or its items fail one by one in the workers.
+    handler = forms.ChoiceField(choices=lambda: [(name, name) for name in handlers.names()])
+
+    class Meta:
+        model = Queue
+        fields = "__all__"  # noqa: DJ007 - the admin shows every field, as without this form
+
+
 @admin.register(Queue)
 class QueueAdmin(AuditedAdmin):
+    form = QueueForm
+    formfield_overrides = {models.JSONField: {"form_class": StrictJSONFormField}}
     list_display = ("key", "name", "handler", "batch_size", "concurrency", "max_retries", "paused")
     list_filter = ("paused", "handler")
     search_fields = ("key", "name")

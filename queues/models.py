@@ -30,6 +30,10 @@ FINISHED_STATUSES = (Status.COMPLETE, Status.FAILED, Status.CANCELLED)
 AT_REST_STATUSES = READY_STATUSES + FINISHED_STATUSES
 
 DEFAULT_BACKOFF_SECONDS = [120, 600, 1500, 2400, 2700]
+# The longest retry delay or timeout a queue may set: a longer one reaches past the times the
+# database holds (2100) or past what a datetime can add, failing the batch that applies it.
+LONGEST_DELAY = timedelta(days=30)
+MAX_RETENTION_DAYS = 3650
 MAX_ACCOUNT_LENGTH = 200
 MAX_IDENTIFIER_LENGTH = 255
 MAX_TASK_PATH_LENGTH = 300
@@ -110,19 +114,22 @@ def default_handler_timeout():
 def validate_backoff(value):
     from django.core.exceptions import ValidationError
 
+    longest = int(LONGEST_DELAY.total_seconds())
     if (
         not isinstance(value, list)
-        or not value
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        or not 0 < len(value) <= 101  # a delay per retry, 100 retries at most
+        or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= longest
+                   for v in value)
     ):
         raise ValidationError(
-            "Backoff delays must be a non-empty list of whole seconds, e.g. [120, 600]."
+            f"Backoff delays must be a list of 1 to 101 whole seconds, each at most {longest:,} "
+            "(30 days), e.g. [120, 600]."
         )
 
 
 class Queue(models.Model):
     key = models.CharField(max_length=64, unique=True, validators=[key_validator])
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=200, validators=[validate_printable])
     handler = models.CharField(max_length=100, default="noop")
     handler_options = models.JSONField(default=dict, blank=True)
     batch_size = models.PositiveIntegerField(
@@ -134,7 +141,8 @@ class Queue(models.Model):
         help_text="Most items of this queue dispatched or running at once.",
     )
     rate_limit_per_minute = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Most items started per minute; empty for no limit."
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Most items started per minute; empty for no limit (pause a queue to stop it)."
     )
     max_retries = models.PositiveSmallIntegerField(default=5, validators=[MaxValueValidator(100)])
     backoff_seconds = models.JSONField(
@@ -142,17 +150,21 @@ class Queue(models.Model):
         validators=[validate_backoff],
         help_text="Delay before each retry in seconds (+-10% jitter); the last one repeats.",
     )
-    dispatch_timeout = models.DurationField(default=timedelta(minutes=5))
-    stale_threshold = models.DurationField(default=default_stale_threshold)
+    # A batch may wait for a worker process this long before its items are rescued.
+    dispatch_timeout = models.DurationField(default=timedelta(minutes=5), validators=[
+        MinValueValidator(timedelta(seconds=30)), MaxValueValidator(LONGEST_DELAY)])
+    stale_threshold = models.DurationField(default=default_stale_threshold,
+                                           validators=[MaxValueValidator(LONGEST_DELAY)])
     handler_timeout = models.DurationField(
         default=default_handler_timeout,
         help_text="An attempt running longer is recorded as timed out (a retryable error) and "
                   "its late result refused.",
     )
-    retention_days = models.PositiveIntegerField(default=60, validators=[MinValueValidator(1)])
+    retention_days = models.PositiveIntegerField(default=60, validators=[
+        MinValueValidator(1), MaxValueValidator(MAX_RETENTION_DAYS)])
     # Most ready (queued and retry) items the queue holds: beyond it an enqueue answers 429, so
     # one producer cannot fill the database. Generous by default; per account see AccountPolicy.
-    max_ready = models.PositiveIntegerField(default=10_000_000,
+    max_ready = models.PositiveIntegerField(default=10_000_000, validators=[MinValueValidator(1)],
                                             help_text="Most queued and retry items at once.")
     refused_over_limit = models.PositiveBigIntegerField(
         default=0, editable=False, help_text="Enqueue calls refused at a ready-item limit.")

@@ -59,6 +59,10 @@ def get(name: str) -> Callable[[Task], Any] | None:
     return _registry.get(name)
 
 
+def names() -> list[str]:
+    return sorted(_registry)
+
+
 @handler("noop")
 def noop(task: Task):
     """Does nothing: for throughput benchmarks and smoke tests."""

@@ -1,0 +1,81 @@
+"""Django's admin site edits a queue's settings: each is refused at the door when no worker,
+sweeper or page could use it, and a refused form writes nothing."""
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from queues.models import Queue
+from tests.factories import QueueFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def queue():
+    return QueueFactory(key="emails", name="Emails")
+
+
+def form_data(queue: Queue, **changes) -> dict:
+    def duration(value: timedelta) -> str:
+        return f"{value.days} {value.seconds // 3600:02}:{value.seconds // 60 % 60:02}:" \
+               f"{value.seconds % 60:02}"
+
+    data = {
+        "key": queue.key, "name": queue.name, "handler": queue.handler,
+        "handler_options": json.dumps(queue.handler_options),
+        "batch_size": queue.batch_size, "concurrency": queue.concurrency,
+        "rate_limit_per_minute": "", "max_retries": queue.max_retries,
+        "backoff_seconds": json.dumps(queue.backoff_seconds),
+        "dispatch_timeout": duration(queue.dispatch_timeout),
+        "stale_threshold": duration(queue.stale_threshold),
+        "handler_timeout": duration(queue.handler_timeout),
+        "retention_days": queue.retention_days, "max_ready": queue.max_ready,
+        "paused_by": "", "paused_at_0": "", "paused_at_1": "",
+        "sensitive_keys": json.dumps(queue.sensitive_keys),
+    }
+    return data | changes
+
+
+def test_a_queue_with_sensible_settings_is_saved(role_client, queue):
+    response = role_client("Admin").post(
+        f"/django-admin/queues/queue/{queue.pk}/change/",
+        form_data(queue, name="Outgoing e-mail", backoff_seconds="[30, 2592000]",
+                  retention_days="3650", rate_limit_per_minute="1"))
+    assert response.status_code == 302
+    queue.refresh_from_db()
+    assert (queue.name, queue.backoff_seconds, queue.retention_days) == (
+        "Outgoing e-mail", [30, 2_592_000], 3650)
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    # A retry delay past 30 days reaches past 2100 or past what a datetime can add: the batch
+    # recording the failure failed, its items left running.
+    ("backoff_seconds", "[99999999999]", "each at most 2,592,000"),
+    ("backoff_seconds", f"[{10**30}]", "out of range"),
+    ("backoff_seconds", "[" + ", ".join(["60"] * 102) + "]", "a list of 1 to 101"),
+    ("retention_days", "2147483647", "less than or equal to 3650"),
+    ("dispatch_timeout", "-1 00:00:00", "greater than or equal to"),
+    ("dispatch_timeout", "00:00:00", "greater than or equal to"),
+    ("stale_threshold", "999999999 00:00:00", "less than or equal to"),
+    ("rate_limit_per_minute", "0", "greater than or equal to 1"),
+    ("max_ready", "0", "greater than or equal to 1"),
+    ("handler", "no-such-handler", "Select a valid choice"),
+    ("name", "Emails\u202egnp.exe", "printable"),
+    ("name", "Emails\u2028Outgoing", "printable"),
+    ("handler_options", '{"url": "a\\u0000b"}', "strings must not contain"),
+    ("handler_options", '{"k": "\\ud800"}', "lone surrogates"),
+    ("handler_options", "[" * 3000 + "]" * 3000, "nested deeper than 32 levels"),
+    ("handler_options", '{"a": 1, "a": 2}', "duplicate key"),
+    ("sensitive_keys", '["\\ud800"]', "lone surrogates"),
+])
+def test_a_setting_no_worker_could_use_is_refused_and_nothing_is_written(
+        role_client, queue, field, value, says):
+    before = Queue.objects.filter(pk=queue.pk).values().get()
+    response = role_client("Admin").post(f"/django-admin/queues/queue/{queue.pk}/change/",
+                                         form_data(queue, **{field: value}))
+    assert response.status_code == 200  # the form again, with the error beside the field
+    errors = response.context["adminform"].form.errors
+    assert field in errors and says in " ".join(errors[field])
+    assert Queue.objects.filter(pk=queue.pk).values().get() == before
