@@ -64,11 +64,12 @@ def test_viewers_get_sensitive_payload_keys_masked(role_client, queue):
     assert operator["items"][0]["payload"]["password"] == "hunter2"
 
 
-def test_csv_cells_that_a_spreadsheet_would_run_are_neutralised(role_client, queue):
-    items_in_status(queue, "failed", 1, prefix="=HYPERLINK(1)")
+@pytest.mark.parametrize("start", ["=", "+", "-", "@", " =", "  @", "\uff1d", " \uff0b"])
+def test_csv_cells_that_a_spreadsheet_would_run_are_neutralised(role_client, queue, start):
+    items_in_status(queue, "failed", 1, prefix=f"{start}HYPERLINK(1)")
     rows = list(csv.DictReader(io.StringIO(download(
         role_client("Viewer").get("/queues/emails/export.csv")))))
-    assert rows[0]["identifier"].startswith("'=")
+    assert rows[0]["identifier"] == f"'{start}HYPERLINK(1)-0"
 
 
 def test_a_bad_filter_answers_400(role_client, queue):

@@ -105,6 +105,18 @@ def test_an_operator_pauses_an_account_from_the_accounts_page(role_client, queue
     assert client.post("/queues/emails/accounts/pause/", {"account": ""}).status_code == 422
 
 
+@pytest.mark.parametrize("account", ["web\x07bell", "web\u200bzw", "web\nline", "evil\u202etxt"])
+def test_an_account_no_item_could_have_is_refused_by_every_door(role_client, queue, account):
+    # An item's account is printable; a policy for another could match nothing, and its
+    # audit line would carry a line break or a right-to-left override.
+    client = role_client("Operator")
+    assert client.post("/queues/emails/accounts/pause/", {"account": account}).status_code == 422
+    with pytest.raises(ValueError):
+        pausing.set_account_paused(queue, account, True, actor="python")
+    assert not AccountPolicy.objects.exists()
+    assert not AuditEntry.objects.filter(action="account.pause").exists()
+
+
 def test_the_overview_shows_the_global_pause_and_who_set_it(role_client, queue):
     client = role_client("Operator")
     client.post("/pause-all/")

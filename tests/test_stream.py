@@ -69,7 +69,8 @@ def test_runs_of_pending_ids_are_written_as_ranges():
 @pytest.mark.django_db(transaction=False)
 @pytest.mark.parametrize("text", ["", "x", "-3", "10-11:5", "10-3", "10-3:x", "5-0:1",
                                   "10-5~3:1", "10-4~11:1", f"{10**12}-1~{10**12}:1",
-                                  str(2**63)])  # past bigint, which the database would refuse
+                                  str(2**63),  # past bigint, which the database would refuse
+                                  "1_0", " 7", "7 ", "1-", "1-,", "\u0663", "1-2:3,"])
 def test_a_malformed_position_is_refused(text):
     assert Cursor.parse(text) is None
 
@@ -562,6 +563,27 @@ def test_a_stream_resumes_after_the_last_event_it_showed(queue):
         await by_header.next()
         assert await by_header.shown(4) == [f"while-away-{i}" for i in range(4)]
         await by_header.close()
+
+    run(scenario)
+
+
+def test_a_position_past_every_id_handed_out_starts_the_stream_afresh(queue):
+    # A forged header or a database restored from a backup: resumed there, the stream would
+    # stay silent until the ids caught up with it.
+    user = viewer()
+    add(3)
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(user)
+        response = await client.get("/queues/emails/stream/events/",
+                                    headers={"Last-Event-ID": str(2**63 - 1)})
+        opened = Stream(response)
+        assert "retry" in await opened.next()
+        assert identifiers(await opened.next()) == [f"item-{i}" for i in range(3)]
+        await sync_to_async(add)(1, prefix="new")
+        assert await opened.shown(1) == ["new-0"]
+        await opened.close()
 
     run(scenario)
 

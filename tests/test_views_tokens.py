@@ -62,7 +62,9 @@ def test_created_token_secret_is_shown_once_and_only_its_digest_is_stored(role_c
 
 
 @pytest.mark.parametrize("data", [{}, {"all_queues": "on", "queues": ["emails"]},
-                                  {"queues": ["nope"]}, {"name": "x" * 101, "all_queues": "on"}])
+                                  {"queues": ["nope"]}, {"name": "x" * 101, "all_queues": "on"},
+                                  {"name": "adm\u202enimda", "all_queues": "on"},
+                                  {"name": "a\nb", "all_queues": "on"}])
 def test_an_unclear_scope_or_bad_name_is_refused_with_the_form(role_client, data):
     response = role_client("Admin").post("/tokens/create/", {"name": "producer"} | data)
     assert response.status_code == 400

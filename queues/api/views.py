@@ -20,12 +20,14 @@ from queues.models import (
     LIVE_STATUSES,
     MAX_ACCOUNT_LENGTH,
     MAX_ID,
+    PRINTABLE_TEXT,
     TIME_BOUNDS_TEXT,
     AccountPolicy,
     BulkOperation,
     Item,
     Queue,
     Status,
+    printable,
     time_in_bounds,
 )
 
@@ -420,7 +422,12 @@ def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
                                      identifier_prefix=identifier_prefix,
                                      error_group=error_group, payload=payload_filter)
     except bulk.BulkError as exc:
-        raise _invalid(exc.fields or {"body": exc.message}) from None
+        fields = exc.fields or {"body": exc.message}
+        if "from" in document or "to" in document:
+            # The engine names its range created_from/created_to; this request said from/to.
+            fields = {{"created_from": "from", "created_to": "to"}.get(name, name): message
+                      for name, message in fields.items()}
+        raise _invalid(fields) from None
 
 
 def _preview_json(preview: bulk.Preview) -> dict:
@@ -519,6 +526,8 @@ def account_pause(request, key, action):
     if not isinstance(account, str) or not account.strip() or len(account) > MAX_ACCOUNT_LENGTH:
         raise _invalid({"account": "must be a non-empty string of at most "
                                    f"{MAX_ACCOUNT_LENGTH} characters"})
+    if not printable(account):  # as an item's account: no item could belong to another
+        raise _invalid({"account": PRINTABLE_TEXT})
     pausing.set_account_paused(queue, account, action == "pause", actor=request.token)
     policy = AccountPolicy.objects.filter(queue=queue, account=account).first()
     return json_response({"queue": queue.key, "account": account,

@@ -175,7 +175,7 @@ class BulkFilter:
         """Checks what an operator asked for; raises BulkError naming each bad field. For
         dead-letter kinds the status is always failed. No clock means the kind's natural one."""
         fields = {}
-        if kind not in KINDS:
+        if not isinstance(kind, str) or kind not in KINDS:
             fields["kind"] = f"must be one of {', '.join(KINDS)}"
         else:
             clock = clock or default_clock(kind)

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from queues.engine import audit
-from queues.models import AccountPolicy, GlobalPause, Queue
+from queues.models import PRINTABLE_TEXT, AccountPolicy, GlobalPause, Queue, printable
 
 
 def _stamp(paused: bool, actor) -> dict:
@@ -33,6 +33,8 @@ def set_queue_paused(queue: Queue, paused: bool, *, actor) -> bool:
 @transaction.atomic
 def set_account_paused(queue: Queue, account: str, paused: bool, *, actor) -> bool:
     """Pauses one account of a queue through its (sparse) policy row."""
+    if not printable(account):  # the callers check it first; never stored, whoever calls
+        raise ValueError(f"not an account: {PRINTABLE_TEXT}")
     policy = AccountPolicy.objects.select_for_update().filter(queue=queue, account=account).first()
     if policy is None:
         if not paused:

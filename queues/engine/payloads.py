@@ -15,6 +15,7 @@ from django.db import connection
 from django.db.models import Q
 from django.db.models.fields.json import KeyTransform
 
+from queues.engine import strictjson
 from queues.models import AT_REST_STATUSES, IN_FLIGHT_STATUSES
 
 MAX_DEPTH = 8
@@ -66,9 +67,18 @@ def parse(text: str) -> PayloadCondition:
             + SYNTAX)
     value_text = value_text.strip()
     try:
-        value = json.loads(value_text)
+        value = json.loads(value_text, parse_constant=_not_json)
     except ValueError:
-        value = value_text
+        value = value_text  # NaN and Infinity too: words, not JSON numbers
     if isinstance(value, dict | list):
         raise PayloadFilterError("compare with one value (a number, text, true, false or null)")
+    try:
+        # What no stored payload can hold (the API refuses it), the database cannot compare.
+        strictjson.check_python(value)
+    except strictjson.JSONBodyError as error:
+        raise PayloadFilterError(f"the value: {error.message}") from None
     return PayloadCondition(path, value)
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")

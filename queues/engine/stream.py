@@ -30,6 +30,7 @@ cap, the hub reads once per interval instead of once per notification.
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -91,6 +92,10 @@ class StreamEvent:
         return cls(**values)
 
 
+_RUN = r"\d{1,19}(?:~\d{1,19})?:\d{1,19}"
+CURSOR_TEXT = re.compile(rf"\d{{1,19}}(?:-{_RUN}(?:,{_RUN})*)?", re.ASCII)
+
+
 @dataclass(frozen=True)
 class Cursor:
     """Every event with id <= last has been examined, except the `pending` ids (id -> snapshot
@@ -121,7 +126,8 @@ class Cursor:
 
     @classmethod
     def parse(cls, text: str | None) -> "Cursor | None":
-        if not text or len(text) > 20_000:
+        # Only what encode writes: int() alone would also read "1_0" as 10 and " 7" as 7.
+        if not text or len(text) > 20_000 or not CURSOR_TEXT.fullmatch(text):
             return None
         head, _, tail = text.partition("-")
         try:

@@ -21,7 +21,8 @@ BLOCK_CHARACTERS = 256 * 1024  # what one hop to the request's thread reads unde
 COLUMNS = ("id", "queue", "account", "identifier", "status", "priority", "attempts", "run_at",
            "last_error", "created_at", "updated_at", "finished_at", "payload")
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection).
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+# Also after blanks, which an import may trim, and in full width, which some read as ASCII.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 
 
 def streaming(request, parts: Iterable[str], **kwargs) -> StreamingHttpResponse:
@@ -53,7 +54,7 @@ def _next_block(parts: Iterator[str]) -> str:
 
 def csv_cell(value) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return "'" + text if text.startswith(FORMULA_START) else text
+    return "'" + text if text.lstrip(" \t\r\n\u3000").startswith(FORMULA_START) else text
 
 
 class Echo:

@@ -29,6 +29,7 @@ from queues.models import (
     Status,
     UserPreference,
     time_in_bounds,
+    validate_printable,
 )
 from queues.web.queries import ACCOUNT_ORDERS, list_order, parse_account_cursor, parse_cursor
 
@@ -210,7 +211,9 @@ class SearchForm(forms.Form):
 class AccountForm(forms.Form):
     """One tenant account: an account to pause or resume, or whose data to show."""
 
-    account = forms.CharField(max_length=MAX_ACCOUNT_LENGTH, label="Account")
+    # As an item's account: no item could belong to another, and the audit log reads it.
+    account = forms.CharField(max_length=MAX_ACCOUNT_LENGTH, label="Account",
+                              validators=[validate_printable])
 
 
 class AccountsForm(forms.Form):

@@ -10,14 +10,16 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from queues.engine import tokens
-from queues.models import ApiToken, Queue
+from queues.models import ApiToken, Queue, validate_printable
 from queues.permissions import admin_required, render_page
 
 LIST_SIZE = 200
 
 
 class TokenForm(forms.Form):
-    name = forms.CharField(max_length=100, help_text="Who or what uses it, e.g. billing-producer.")
+    # Shown in the audit log, one line per entry.
+    name = forms.CharField(max_length=100, validators=[validate_printable],
+                           help_text="Who or what uses it, e.g. billing-producer.")
     all_queues = forms.BooleanField(required=False, label="Every queue, present and future")
     queues = forms.ModelMultipleChoiceField(
         queryset=Queue.objects.order_by("key"), to_field_name="key", required=False,
@@ -58,9 +60,13 @@ def token_create(request):
     if not form.is_valid():
         return _list(request, form, status=400)
     data = form.cleaned_data
-    token, secret = tokens.create(
-        data["name"], queue_keys=[queue.key for queue in data["queues"]],
-        all_queues=data["all_queues"], scopes=data["scopes"], actor=request.user)
+    try:
+        token, secret = tokens.create(
+            data["name"], queue_keys=[queue.key for queue in data["queues"]],
+            all_queues=data["all_queues"], scopes=data["scopes"], actor=request.user)
+    except tokens.TokenError as error:  # a queue deleted since the form was drawn
+        form.add_error(None, str(error).capitalize() + ".")
+        return _list(request, form, status=400)
     return render_page(request, "queues/token_created.html", {"token": token, "secret": secret},
                        status=201)
 
