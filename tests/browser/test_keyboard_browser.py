@@ -2,7 +2,8 @@
 lists the shortcuts in a dialog that Escape closes, j and k move a visible selection through a
 list's rows (kept across htmx refreshes), Enter opens the selected row, g then q goes to the
 queues, r retries the open item after the confirmation dialog (Operators). None of them fires
-while the user types in a field or holds Ctrl, Meta or Alt."""
+while the user types in a field or holds Ctrl, Meta or Alt. An action whose region htmx
+replaces keeps the focus in that region, and a time range is a preset or typed dates."""
 
 import re
 
@@ -164,3 +165,30 @@ def test_r_does_nothing_for_a_viewer(open_page, dashboard_server):
     page.keyboard.press("r")
     expect(page.get_by_role("dialog")).to_have_count(0)
     assert re.search(r"/items/\d+/$", page.url)
+
+
+def test_the_focus_stays_in_a_region_the_action_replaced(open_page, dashboard_server):
+    # htmx swaps the pause form for its opposite: without dashboard.js the focus fell to
+    # <body>, and a keyboard user started again from the top of the page.
+    page = open_page("operator")
+    page.goto(f"{dashboard_server}/queues/emails/")
+    page.get_by_role("button", name="Pause queue").focus()
+    page.keyboard.press("Enter")
+    page.get_by_role("dialog").get_by_role("button", name="Confirm").click()
+    resume = page.get_by_role("button", name="Resume queue")
+    expect(resume).to_be_focused()
+    page.keyboard.press("Enter")  # resuming asks nothing
+    expect(page.get_by_role("button", name="Pause queue")).to_be_focused()
+
+
+def test_typing_a_date_chooses_from_to_and_a_preset_clears_the_dates(open_page,
+                                                                     dashboard_server):
+    page = open_page("operator")
+    page.goto(f"{dashboard_server}/queues/emails/bulk/")
+    period = page.get_by_label("Time range")
+    expect(period).to_have_value("1h")
+    start = page.locator('input[name="created_from"]')
+    start.fill("2026-01-01T10:00")
+    expect(period).to_have_value("custom")
+    period.select_option("24h")
+    expect(start).to_have_value("")

@@ -33,6 +33,34 @@
     if (elt.tagName === "FORM") { return Array.prototype.slice.call(elt.querySelectorAll("button")); }
     return elt.tagName === "BUTTON" ? [elt] : [];
   }
+  // An action whose region the response replaces would drop the keyboard focus to <body>: it
+  // goes back to the control of the same words in the new region, else to its first control,
+  // else to the region itself. Noted before the request, since its buttons are then disabled.
+  var focusToRestore = null;
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var region = event.detail.target, active = document.activeElement;
+    if (region && region.id && active && active !== document.body && region.contains(active)) {
+      focusToRestore = {region: region.id, words: active.textContent.trim()};
+    }
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    var active = document.activeElement;
+    if (!focusToRestore || (active && active !== document.body)) { return; }
+    var region = document.getElementById(focusToRestore.region);
+    var words = focusToRestore.words;
+    focusToRestore = null;
+    if (!region) { return; }
+    var controls = Array.prototype.filter.call(
+      region.querySelectorAll("button:not([disabled]), a[href], input:not([type=hidden]), select"),
+      function (control) { return control.getClientRects().length > 0; });
+    var same = controls.filter(function (control) { return control.textContent.trim() === words; });
+    var next = same[0] || controls[0];
+    if (!next) {
+      region.tabIndex = -1;
+      next = region;
+    }
+    next.focus();
+  });
   document.addEventListener("htmx:beforeRequest", function (event) {
     actionButtons(event.detail.elt).forEach(function (button) {
       button.disabled = true;
@@ -80,6 +108,23 @@
     event.preventDefault();
     askInDialog(event.detail.question, event.detail.elt.getAttribute("data-confirm-label"),
                 function () { event.detail.issueRequest(true); });
+  });
+
+  // A time range is a preset or typed dates, never both: typing a date chooses "From / to",
+  // and choosing a preset clears the dates (the server refuses dates beside a preset).
+  document.addEventListener("input", function (event) {
+    var field = event.target;
+    if (!field.matches || !field.matches('input[name="created_from"], input[name="created_to"]') ||
+        !field.value || !field.form) { return; }
+    var period = field.form.querySelector('select[name="period"]');
+    if (period && period.querySelector('option[value="custom"]')) { period.value = "custom"; }
+  });
+  document.addEventListener("change", function (event) {
+    var period = event.target;
+    if (!period.matches || !period.matches('select[name="period"]') || !period.form ||
+        period.value === "custom") { return; }
+    period.form.querySelectorAll('input[name="created_from"], input[name="created_to"]')
+      .forEach(function (field) { field.value = ""; });
   });
 
   // The item list's select-all box selects the page, then offers every matching item.
