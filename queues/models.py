@@ -34,6 +34,9 @@ DEFAULT_BACKOFF_SECONDS = [120, 600, 1500, 2400, 2700]
 # database holds (2100) or past what a datetime can add, failing the batch that applies it.
 LONGEST_DELAY = timedelta(days=30)
 MAX_RETENTION_DAYS = 3650
+# The start of a bulk filter's range chosen as "Any time" (or a selection of ids): before any
+# item, since the range is a required part of a frozen filter.
+ANY_TIME_START = datetime(2000, 1, 1, tzinfo=UTC)
 MAX_ACCOUNT_LENGTH = 200
 MAX_IDENTIFIER_LENGTH = 255
 MAX_TASK_PATH_LENGTH = 300
@@ -704,6 +707,11 @@ class BulkOperation(models.Model):
 
     def __str__(self):
         return f"bulk {self.kind} {self.pk} on queue {self.queue_id}: {self.state}"
+
+    @property
+    def any_time(self) -> bool:
+        """Its range was chosen as "Any time" (or it is a selection of ids)."""
+        return self.filter.get("created_from") == ANY_TIME_START.isoformat()
 
     @property
     def finished(self) -> bool:

@@ -253,3 +253,15 @@ def test_a_time_that_does_not_exist_in_the_zone_is_said_once(role_client, queue)
     assert response.status_code == 422
     assert "couldn’t be interpreted in time zone Europe/Berlin" in html
     assert "Required for a custom range" not in html
+
+
+def test_any_time_is_said_as_such_not_as_a_range_from_the_year_2000(role_client, queue):
+    items_in_status(queue, "failed", 2)
+    client = role_client("Operator")
+    preview = client.get("/queues/emails/bulk/", {**PREVIEW, "period": "all"})
+    html = preview.content.decode()
+    assert "Retry failed items finished at any time, as of" in html
+    assert "2000-01-01" not in html
+    response = client.post("/queues/emails/bulk/start/", confirmation(preview))
+    page = client.get(response["Location"]).content.decode()
+    assert "Any time up to the snapshot" in page and "2000-01-01" not in page

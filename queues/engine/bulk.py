@@ -19,7 +19,7 @@ import secrets
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.core import signing
 from django.db import IntegrityError, connection, transaction
@@ -33,6 +33,7 @@ from queues.conf import setting
 from queues.engine import audit, counters, lifecycle, payloads
 from queues.engine.errors import group_pattern
 from queues.models import (
+    ANY_TIME_START,
     LIVE_STATUSES,
     TIME_BOUNDS_TEXT,
     BulkOperation,
@@ -140,7 +141,7 @@ def from_confirmation(frozen: str) -> Confirmed:
 def selection_range(now: datetime) -> tuple[datetime, datetime]:
     """The time range of a selection of ids, which the operator did not choose by time: from
     before any item to after every item enqueued so far (the preview freezes the snapshot)."""
-    return datetime(2000, 1, 1, tzinfo=UTC), now + timedelta(minutes=1)
+    return ANY_TIME_START, now + timedelta(minutes=1)
 
 
 def max_items() -> int:
@@ -225,6 +226,11 @@ class BulkFilter:
     @property
     def time_field(self) -> str:
         return CLOCKS[self.clock]
+
+    @property
+    def any_time(self) -> bool:
+        """Chosen as "Any time" or as a selection: the range only bounds it by the snapshot."""
+        return self.created_from == ANY_TIME_START
 
     @property
     def clock_words(self) -> str:
