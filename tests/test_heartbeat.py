@@ -30,6 +30,12 @@ def test_a_worker_reports_the_task_it_runs_and_clears_it_when_done(slots):
     assert heartbeat.running_tasks() == []
 
 
+def test_a_scheduled_task_is_named_by_its_schedule_not_django_q2s_random_words(slots):
+    heartbeat._task_started("django_q", task={"name": "delta-california-bluebird-social",
+                                              "func": "queues.engine.selector.tick"})
+    assert [r["task"] for r in heartbeat.running_tasks()] == ["queueadmin: selector"]
+
+
 def test_the_slot_of_a_worker_that_died_mid_task_is_freed(slots):
     child = multiprocessing.get_context("fork").Process(
         target=heartbeat._task_started, args=("django_q",), kwargs={"task": {"name": "doomed"}})

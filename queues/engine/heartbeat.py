@@ -22,6 +22,7 @@ from django.db import connection
 from django.utils import timezone
 
 from queues.engine import lease
+from queues.engine.schedules import SCHEDULES
 from queues.models import ClusterHeartbeat
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ STALE_AFTER = timedelta(seconds=45)
 PRUNE_AFTER = timedelta(days=1)
 TASK_NAME_BYTES = 120
 SPARE_SLOTS = 8  # room for workers reincarnated while a dead one's slot is not yet cleared
+SCHEDULE_NAMES = {spec["func"]: spec["name"] for spec in SCHEDULES}
 
 
 class Slot(ctypes.Structure):
@@ -116,7 +118,11 @@ def this_cluster() -> str:
 
 
 def _task_started(sender, func=None, task=None, **kwargs):
-    name = str((task or {}).get("name") or (task or {}).get("func") or "task")
+    task = task or {}
+    # django-q2 names a scheduled task with random words ("delta-california-bluebird"): the
+    # schedule's own name says what runs. A batch carries its queue's name.
+    name = str(SCHEDULE_NAMES.get(str(task.get("func")))
+               or task.get("name") or task.get("func") or "task")
     _set_slot(os.getpid(), name)
 
 
