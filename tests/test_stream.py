@@ -279,7 +279,7 @@ def test_a_row_shows_its_time_relative_and_absolute_in_the_users_zone():
         row = stream_views.render_rows([event(7, at=at)], {1: "emails"}, show_queue=False)
     local = at.astimezone(zoneinfo.ZoneInfo("Europe/Berlin"))
     # The datetime attribute is what the page's script rewrites the relative part from.
-    assert (f'<td><time datetime="{at.isoformat()}">{local:%Y-%m-%d %H:%M:%S %Z} '
+    assert (f'<td class="unbroken"><time datetime="{at.isoformat()}">{local:%Y-%m-%d %H:%M:%S %Z} '
             '<span class="muted" data-relative>(1 min ago)</span></time></td>') in row
 
 

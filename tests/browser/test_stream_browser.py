@@ -119,12 +119,14 @@ def test_rows_arrive_in_order_pause_resume_and_survive_a_server_restart(
     assert shown(page)[:3] == ["live-2", "live-1", "live-0"]
 
     page.get_by_role("button", name="Freeze view").click()
+    expect(page.locator("#stream-connection")).to_have_text("Live (view frozen)")
     stream_api("held-0")
     stream_api("held-1")
     expect(page.locator("#stream-buffered")).to_have_text("2 new events while frozen",
                                                          timeout=WAIT_MS)
     assert shown(page)[0] == "live-2"
     page.get_by_role("button", name="Unfreeze view").click()
+    expect(page.locator("#stream-connection")).to_have_text("Live")
     assert shown(page)[:2] == ["held-1", "held-0"]
     expect(page.locator("#stream-buffered")).to_have_text("")
 

@@ -22,9 +22,13 @@
     return url + (url.indexOf("?") < 0 ? "?" : "&") + "after=" + encodeURIComponent(position);
   }
 
+  // The connection's state, and whether the view shows what it brings: a frozen view still
+  // receives, so "Live" alone would say new rows appear.
+  var connectionText = "";
   function setConnection(state, text) {
     connection.dataset.state = state;
-    connection.textContent = text;
+    connectionText = text;
+    connection.textContent = paused ? text + " (view frozen)" : text;
   }
 
   function rowsOf(html) {
@@ -76,6 +80,7 @@
     paused = !paused;
     pauseButton.textContent = paused ? "Unfreeze view" : "Freeze view";
     pauseButton.setAttribute("aria-pressed", paused ? "true" : "false");
+    setConnection(connection.dataset.state, connectionText);
     if (!paused) {
       show(held);
       held = [];
