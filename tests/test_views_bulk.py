@@ -151,7 +151,11 @@ def test_an_operator_retries_a_selection_from_the_item_browser(role_client, queu
     preview = client.get("/queues/emails/bulk/", {"kind": "retry", "ids": chosen,
                                                   "preview": "1"})
     assert preview.status_code == 200
-    assert "2 selected items" in preview.content.decode()
+    html = preview.content.decode()
+    assert "2 selected items" in html
+    # The selection is the filter: no status, time or text field stands beside it, ignored.
+    assert 'name="status"' not in html and 'name="period"' not in html
+    assert 'name="account"' not in html and html.count('name="ids"') == 2
     fields = confirmation(preview)
     client.post("/queues/emails/bulk/start/", fields)
     operation = BulkOperation.objects.get()
