@@ -75,6 +75,18 @@ def test_each_row_links_its_item_and_its_account_under_any_script_prefix(role_cl
     assert '<a href="/ops/queues/emails/?account=acme%20%26%20co">' in html
 
 
+def test_the_queue_page_counts_its_items_by_status_above_everything_else(role_client, queue):
+    items_in_status(queue, "failed", 2, prefix="dead")
+    items_in_status(queue, "retry", 1, prefix="again")
+    enqueued(queue, 3, prefix="new")
+    html = role_client("Viewer").get("/queues/emails/").content.decode()
+    strip = html[html.index('id="queue-counts"'):html.index("</section>", html.index(
+        'id="queue-counts"'))]
+    assert "3 queued</a>" in strip and "1 scheduled for retry</a>" in strip
+    assert "2 dead letters</a>" in strip and "0 in flight" in strip
+    assert html.index('id="queue-counts"') < html.index('id="item-filters"')
+
+
 def test_filter_by_several_statuses(role_client, queue):
     items_in_status(queue, "retry", 2, prefix="r")
     items_in_status(queue, "failed", 1, prefix="f")
@@ -219,8 +231,9 @@ def test_query_count_is_constant(role_client, queue, django_assert_max_num_queri
     client.get("/queues/emails/")
     # Overdue, so that the estimate also reads the global pause and the queue's in-flight count.
     Item.objects.update(run_at=timezone.now() - timedelta(minutes=5))
-    # Nine of the page's own, and whether a second factor is due (queues.permissions).
-    with django_assert_max_num_queries(10):
+    # Ten of the page's own (the status counts strip one of them), and whether a second
+    # factor is due (queues.permissions).
+    with django_assert_max_num_queries(11):
         client.get("/queues/emails/?status=retry&status=failed&period=24h")
 
 

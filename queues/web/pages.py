@@ -75,6 +75,8 @@ def queue_items(request, key):
     now = timezone.now()
     page = queries.item_page(queue, form.cleaned_data, now) if form.is_valid() else None
     context = {"queue": queue, "form": form, "page": page, "now": now}
+    if not request.htmx:  # the counts strip refreshes itself
+        context["queue_counts"] = counters.status_counts([queue.pk])[queue.pk]
     if page and page.total_count and can_operate(request.user):
         # "Retry / Cancel all N matching": the bulk preview of exactly this list.
         context |= {"retry_query": form.bulk_query("retry"),
