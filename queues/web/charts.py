@@ -109,7 +109,8 @@ class Spec:
     nothing: str = ""  # why a range with history has nothing to draw
 
     def y_label(self, range_: Range) -> str:
-        return "seconds" if self.durations else f"{self.unit} {range_.per}"
+        # The ticks of a duration carry their own units ("3 h", "45 s").
+        return "duration" if self.durations else f"{self.unit} {range_.per}"
 
 
 SPECS = {
@@ -307,6 +308,12 @@ def build(name: str, queue: Queue | None, range_: Range, now: datetime) -> Chart
     return chart
 
 
+def _tick_duration(seconds: float) -> str:
+    """A round duration as an axis tick: "3 h", not "3 h 0 min", which ran past the margin."""
+    words = duration_words(seconds)
+    return words.removesuffix(" 0 min").removesuffix(" 0 h")
+
+
 def _draw_measures(chart: Chart, spec: Spec, ids: list[int] | None, start: datetime,
                    end: datetime, labels: list[str]):
     totals = history.series(ids, start, end, chart.range.step, spec.columns)
@@ -326,7 +333,8 @@ def _draw_measures(chart: Chart, spec: Spec, ids: list[int] | None, start: datet
         start, end, [Line(m.name, series, m.tone) for m, series in zip(spec.measures, values,
                                                                        strict=True)],
         hover=[_hover(label, chart.headers, cells) for label, cells in chart.rows],
-        y_label=spec.y_label(chart.range), y_format=show, durations=spec.durations)
+        y_label=spec.y_label(chart.range), y_format=_tick_duration if spec.durations else show,
+        durations=spec.durations)
     chart.summary = "; ".join(_summary(m.name, series, show, chart.range, spec.durations)
                               for m, series in zip(spec.measures, values, strict=True))
 
