@@ -265,7 +265,8 @@ def queue_export(request, key, fmt):
     form = ItemFilterForm(request.GET)
     if not form.is_valid():
         return render_page(request, "queues/items.html", {
-            "queue": queue, "form": form, "page": None, "now": timezone.now()}, status=400)
+            "queue": queue, "form": form, "page": None, "now": timezone.now(),
+            "queue_counts": counters.status_counts([queue.pk])[queue.pk]}, status=400)
     masked = not can_operate(request.user)
     if fmt == "csv":
         response = export.streaming(

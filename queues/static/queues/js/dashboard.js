@@ -43,13 +43,16 @@
       focusToRestore = {region: region.id, words: active.textContent.trim()};
     }
   });
-  document.addEventListener("htmx:afterSettle", function () {
-    var active = document.activeElement;
-    if (!focusToRestore || (active && active !== document.body)) { return; }
+  document.addEventListener("htmx:afterSettle", function (event) {
+    if (!focusToRestore) { return; }
+    // Only the settling of the action's own region: another region's refresh can settle while
+    // the action's request is still out, and its old buttons are disabled then.
     var region = document.getElementById(focusToRestore.region);
+    if (!region || !region.contains(event.target)) { return; }
+    var active = document.activeElement;
     var words = focusToRestore.words;
     focusToRestore = null;
-    if (!region) { return; }
+    if (active && active !== document.body && document.contains(active)) { return; }
     var controls = Array.prototype.filter.call(
       region.querySelectorAll("button:not([disabled]), a[href], input:not([type=hidden]), select"),
       function (control) { return control.getClientRects().length > 0; });
