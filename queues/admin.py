@@ -62,7 +62,7 @@ class StrictJSONFormField(forms.JSONField):
         if self.disabled or value in self.empty_values or not isinstance(value, str):
             return super().to_python(value)
         try:
-            converted = _strict_json(value)
+            converted = strictjson.decode_text(value)
         except strictjson.JSONBodyError as exc:
             where = "" if exc.field == "body" else f" (at {exc.field})"
             raise ValidationError(f"Not valid JSON{where}: {exc.message}.",
@@ -73,13 +73,9 @@ class StrictJSONFormField(forms.JSONField):
         if self.disabled or data is None:
             return super().bound_data(data, initial)
         try:
-            return _strict_json(data)
+            return strictjson.decode_text(data)
         except strictjson.JSONBodyError:
             return InvalidJSONInput(data)
-
-
-def _strict_json(text: str):
-    return strictjson.decode(text.encode("utf-8", "surrogatepass"))
 
 
 class QueueForm(forms.ModelForm):

@@ -86,6 +86,12 @@ def decode(body: bytes):
     return document
 
 
+def decode_text(text: str):
+    """decode() for text already read (a form field, a shell argument); a lone surrogate in it
+    reaches check_values' refusal instead of failing the encoding."""
+    return decode(text.encode("utf-8", "surrogatepass"))
+
+
 def check_values(document, path: str = ""):
     """Refuse too-deep nesting, NUL characters and lone surrogates anywhere in the document,
     naming the first offending path. Iterative, so depth cannot exhaust the stack."""

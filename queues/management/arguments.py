@@ -65,7 +65,7 @@ def json_document(value: str):
     """A JSON value held to the API's rules (no duplicate keys, NUL, lone surrogates, huge
     numbers or deep nesting), so that the shell stores nothing the API would refuse."""
     try:
-        return strictjson.decode(value.encode("utf-8", "surrogatepass"))
+        return strictjson.decode_text(value)
     except strictjson.JSONBodyError as exc:
         where = "" if exc.field == "body" else f" at {exc.field}"
         raise argparse.ArgumentTypeError(f"not valid JSON{where}: {exc.message}") from None
