@@ -10,7 +10,7 @@ from django.db.models import Sum
 from queues.engine import counters, lifecycle
 from queues.engine.lifecycle import Outcome
 from queues.models import CounterDelta, OutcomeMinute, Status, StatusCount
-from tests.factories import QueueFactory, item_in_status, items_in_status
+from tests.factories import QueueFactory, enqueued, item_in_status, items_in_status
 
 pytestmark = pytest.mark.django_db
 
@@ -213,3 +213,52 @@ def test_concurrent_rollups_while_items_move_never_double_count(queue):
     assert counters.status_counts([queue.pk]) == exact
     assert base_counts(queue) == {"queued": len(ids)}
     assert outcome_totals(queue) == {"complete": len(ids) * rounds}
+
+
+def age_items(items, created_at):
+    from queues.models import Item
+    Item.objects.filter(pk__in=[item.pk for item in items]).update(created_at=created_at,
+                                                                   run_at=created_at)
+
+
+def test_oldest_waiting_leaves_out_the_items_of_a_paused_account(queue):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queues.engine import pausing
+    now = timezone.now()
+    age_items(enqueued(queue, 2, account="held"), now - timedelta(hours=7))
+    age_items(enqueued(queue, 1, account="flowing", prefix="flowing"), now - timedelta(minutes=3))
+    assert counters.oldest_waiting([queue.pk], now)[queue.pk] == now - timedelta(hours=7)
+
+    pausing.set_account_paused(queue, "held", True, actor="admin")
+
+    assert counters.oldest_waiting([queue.pk], now)[queue.pk] == now - timedelta(minutes=3)
+
+
+def test_oldest_waiting_is_none_when_only_paused_accounts_wait(queue):
+    from django.utils import timezone
+
+    from queues.engine import pausing
+    enqueued(queue, 3, account="held")
+    pausing.set_account_paused(queue, "held", True, actor="admin")
+
+    assert counters.oldest_waiting([queue.pk], timezone.now()) == {queue.pk: None}
+
+
+def test_past_a_long_paused_head_oldest_waiting_reads_the_sweepers_account_figures(
+        queue, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queues.engine import account_stats, pausing
+    monkeypatch.setattr(counters, "PAUSED_HEAD_WALK", 2)
+    now = timezone.now()
+    age_items(enqueued(queue, 3, account="held"), now - timedelta(hours=7))
+    age_items(enqueued(queue, 1, account="flowing", prefix="flowing"), now - timedelta(minutes=3))
+    pausing.set_account_paused(queue, "held", True, actor="admin")
+    account_stats.refresh(queue, now)
+
+    assert counters.oldest_waiting([queue.pk], now)[queue.pk] == now - timedelta(minutes=3)
