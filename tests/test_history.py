@@ -293,3 +293,26 @@ def test_bench_seed_writes_30_days_of_history_that_agrees_with_its_events():
     assert set(error_hours.values_list("kind", flat=True)) >= {"ConnectionError", "HTTP <n>"}
     groups = error_hours.values("start").annotate(n=Count("id")).values_list("n", flat=True)
     assert max(groups) <= len(seeding.ERRORS)
+
+
+def test_the_runs_after_a_backfill_roll_up_every_minute_from_where_it_stopped(queue):
+    """A backfill rolls up to the last whole minute; a run a minute later rewrites from there
+    even for events that got their ids before the backfill ended."""
+    now = timezone.now().replace(second=30, microsecond=0)
+    end = now.replace(second=0)
+    earlier = items_in_status(queue, "failed", 2)
+    place(earlier, end - timedelta(minutes=5))
+    # Failed in the backfill's own unfinished minute, before it took any mark.
+    during = items_in_status(queue, "failed", 3)
+    place(during, end)
+    history.backfill([queue.pk], now)
+    assert queue_row(queue, end - timedelta(minutes=5)).failed == 2
+    later = items_in_status(queue, "failed", 4)
+    place(later, end + timedelta(minutes=1))
+
+    for minutes in (1, 2, 3):
+        history.run(now + timedelta(minutes=minutes))
+
+    assert queue_row(queue, end).failed == 3
+    assert queue_row(queue, end + timedelta(minutes=1)).failed == 4
+    assert queue_row(queue, end - timedelta(minutes=5)).failed == 2
