@@ -39,3 +39,30 @@ def test_it_says_when_more_items_start_so_than_it_lists(role_client):
     assert "a longer start of the identifier narrows them" in html
     fewer = role_client("Viewer").get("/search/?q=order-1").content.decode()
     assert "More items match" not in fewer and "of the items" not in fewer
+
+
+def test_an_account_is_found_on_every_queue_it_has_items_or_a_pause_on(role_client):
+    from queues.engine import pausing
+    emails, reports = QueueFactory(key="emails"), QueueFactory(key="reports")
+    enqueued(emails, 2, account="acme-corp")
+    pausing.set_account_paused(reports, "acme-corp", True, actor="admin")
+    enqueued(QueueFactory(key="exports"), 1, account="someone-else")
+
+    response = role_client("Operator").get("/search/?q=acme-corp")
+
+    html = response.content.decode()
+    assert [(q.key, q.account_paused) for q in response.context["account_queues"]] == [
+        ("emails", False), ("reports", True)]
+    assert "Account “acme-corp” on 2 queues" in html
+    assert "/queues/emails/?account=acme-corp" in html
+    assert "Nothing found" not in html
+    assert 'aria-label="Resume account acme-corp"' in html
+
+
+def test_a_viewer_finds_an_account_without_pause_buttons_or_its_data_link(role_client):
+    enqueued(QueueFactory(key="emails"), 1, account="acme-corp")
+
+    html = role_client("Viewer").get("/search/?q=acme-corp").content.decode()
+
+    assert "Account “acme-corp” on 1 queue" in html
+    assert "Pause account" not in html and "/tenant/" not in html

@@ -165,13 +165,14 @@ def queue_accounts(request, key):
 @viewer_required
 def search(request):
     form = SearchForm(request.GET or None)
-    results, exact = [], True
+    results, exact, account_queues = [], True, []
     if form.is_valid():
         # One more than shown, to say when there are more than the page lists.
         results, exact = queries.search_identifier(form.cleaned_data["q"], LIST_SIZE + 1)
+        account_queues = queries.search_account(form.cleaned_data["q"])
     return render_page(request, "queues/search.html", {
         "form": form, "results": results[:LIST_SIZE], "more": len(results) > LIST_SIZE,
-        "exact": exact, "now": timezone.now()})
+        "exact": exact, "account_queues": account_queues, "now": timezone.now()})
 
 
 @require_GET

@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 from django.core import signing
 from django.db import connection
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from queues.engine import counters, forecast
 from queues.engine.account_stats import recent_service
@@ -26,6 +26,7 @@ from queues.engine.lifecycle import retry_delay
 from queues.models import (
     FINISHED_STATUSES,
     IN_FLIGHT_STATUSES,
+    MAX_ACCOUNT_LENGTH,
     MAX_ID,
     READY_STATUSES,
     AccountPolicy,
@@ -684,6 +685,19 @@ def accounts_with_backlog(queue: Queue, after: str, limit: int) -> list[str]:
 
 
 # --- search ------------------------------------------------------------------------------------
+
+def search_account(text: str) -> list[Queue]:
+    """Queues on which `text` is an account (it has items there, or a policy such as a pause),
+    each with `account_paused`: one probe of the (queue, account, status) index per queue,
+    which stops at the first item, however many the account has."""
+    if len(text) > MAX_ACCOUNT_LENGTH:
+        return []
+    policies = AccountPolicy.objects.filter(queue=OuterRef("pk"), account=text)
+    return list(Queue.objects.annotate(
+        account_paused=Exists(policies.filter(paused=True)),
+    ).filter(Exists(Item.objects.filter(queue=OuterRef("pk"), account=text))
+             | Exists(policies)).order_by("key"))
+
 
 def search_identifier(text: str, limit: int) -> tuple[list[Item], bool]:
     """Items whose identifier is `text` on any queue; if none, those it starts. Returns (items,
