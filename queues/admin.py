@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from queues.engine import audit, handlers, strictjson
-from queues.models import AccountPolicy, DeadLetter, Item, Queue
+from queues.models import AccountPolicy, DeadLetter, Item, Queue, canonical
 from queues.permissions import two_factor_installed
 
 
@@ -108,8 +108,20 @@ class QueueAdmin(AuditedAdmin):
                            url, queue.pk, count, "y" if count == 1 else "ies")
 
 
+class AccountPolicyForm(forms.ModelForm):
+    class Meta:
+        model = AccountPolicy
+        fields = ("queue", "account", "weight", "max_in_flight", "paused", "paused_by", "paused_at",
+                  "max_ready")
+
+    def clean_account(self) -> str:
+        # As items store it, or the policy would name an account no item has.
+        return canonical(self.cleaned_data["account"])
+
+
 @admin.register(AccountPolicy)
 class AccountPolicyAdmin(AuditedAdmin):
+    form = AccountPolicyForm
     list_display = ("queue", "account", "weight", "max_in_flight", "max_ready", "paused")
     list_filter = ("queue", "paused")
     search_fields = ("account",)

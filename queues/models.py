@@ -1,5 +1,6 @@
 """QueueAdmin's data model. Status changes never happen here: see queues/lifecycle.py."""
 
+import unicodedata
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -54,6 +55,13 @@ PRINTABLE_TEXT = "must be printable text: no control characters, line or paragra
 
 def time_in_bounds(moment: datetime) -> bool:
     return EARLIEST_TIME <= moment < LATEST_TIME
+
+
+def canonical(text: str) -> str:
+    """Identifiers and accounts in Unicode's composed form (NFC), as typed on most keyboards:
+    "café" written with a combining accent is the same identifier, not a second item, and a
+    search or filter finds it however it was typed."""
+    return unicodedata.normalize("NFC", text)
 
 
 def printable(text: str) -> bool:

@@ -79,3 +79,15 @@ def test_a_setting_no_worker_could_use_is_refused_and_nothing_is_written(
     errors = response.context["adminform"].form.errors
     assert field in errors and says in " ".join(errors[field])
     assert Queue.objects.filter(pk=queue.pk).values().get() == before
+
+
+def test_an_account_policy_added_in_the_admin_names_the_account_as_items_store_it(
+        role_client, queue):
+    from queues.models import AccountPolicy
+
+    response = role_client("Admin").post("/django-admin/queues/accountpolicy/add/", {
+        "queue": queue.pk, "account": "cafe\u0301", "weight": 2, "paused_by": "",
+        "paused_at_0": "", "paused_at_1": ""})
+
+    assert response.status_code == 302
+    assert AccountPolicy.objects.get().account == "café"

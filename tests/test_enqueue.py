@@ -421,3 +421,14 @@ def test_batches_sharing_identifiers_in_different_orders_do_not_deadlock(queue):
 def test_lifecycle_enqueue_many_records_the_actor(queue):
     (item,) = lifecycle.enqueue_many("emails", [good()], actor="api:token-3")
     assert ItemEvent.objects.get(item_id=item.pk).actor == "api:token-3"
+
+
+def test_an_identifier_and_account_typed_with_combining_accents_are_the_composed_ones(queue):
+    composed = enqueue("emails", account="café", identifier="crème-1", payload={"n": 1})
+
+    decomposed = enqueue("emails", account="cafe\u0301", identifier="cre\u0300me-1",
+                         payload={"n": 1})
+
+    assert decomposed.pk == composed.pk and not decomposed.created
+    assert Item.objects.get().identifier == "crème-1"
+    assert Item.objects.get().account == "café"

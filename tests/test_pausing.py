@@ -152,3 +152,9 @@ def test_a_hostile_next_falls_back_to_the_queue_page(role_client, target):
     QueueFactory(key="emails")
     response = role_client("Operator").post("/queues/emails/pause/", {"next": target})
     assert (response.status_code, response["Location"]) == (302, "/queues/emails/")
+
+
+def test_pausing_an_account_typed_with_a_combining_accent_pauses_the_composed_one(queue):
+    pausing.set_account_paused(queue, "cafe\u0301", True, actor="admin")
+
+    assert AccountPolicy.objects.get(queue=queue).account == "café"

@@ -66,3 +66,12 @@ def test_a_viewer_finds_an_account_without_pause_buttons_or_its_data_link(role_c
 
     assert "Account “acme-corp” on 1 queue" in html
     assert "Pause account" not in html and "/tenant/" not in html
+
+
+def test_search_finds_an_identifier_and_account_however_the_accents_were_composed(role_client):
+    enqueued(QueueFactory(key="emails"), 1, account="café", prefix="crème")
+
+    response = role_client("Viewer").get("/search/?q=cre\u0300me-0")
+    assert [i.identifier for i in response.context["results"]] == ["crème-0"]
+    response = role_client("Viewer").get("/search/?q=cafe\u0301")
+    assert [q.key for q in response.context["account_queues"]] == ["emails"]

@@ -27,6 +27,7 @@ from queues.models import (
     Item,
     Queue,
     Status,
+    canonical,
     printable,
     time_in_bounds,
 )
@@ -528,6 +529,7 @@ def account_pause(request, key, action):
                                    f"{MAX_ACCOUNT_LENGTH} characters"})
     if not printable(account):  # as an item's account: no item could belong to another
         raise _invalid({"account": PRINTABLE_TEXT})
+    account = canonical(account)
     pausing.set_account_paused(queue, account, action == "pause", actor=request.token)
     policy = AccountPolicy.objects.filter(queue=queue, account=account).first()
     return json_response({"queue": queue.key, "account": account,

@@ -41,6 +41,7 @@ from queues.models import (
     Item,
     Queue,
     Status,
+    canonical,
     time_in_bounds,
 )
 
@@ -206,10 +207,11 @@ class BulkFilter:
             fields["created_to"] = "must be after the start of the range"
         if fields:
             raise BulkError("; ".join(f"{k} {v}" for k, v in fields.items()), fields)
-        return cls(queue.pk, kind, statuses, created_from, created_to, account.strip(),
-                   error_contains.strip(), ids=ids, reason=reason.strip(), clock=clock,
-                   identifier_prefix=identifier_prefix.strip(), error_group=error_group.strip(),
-                   payload=payload.strip(), task=task.strip())
+        return cls(queue.pk, kind, statuses, created_from, created_to,
+                   canonical(account.strip()), error_contains.strip(), ids=ids,
+                   reason=reason.strip(), clock=clock,
+                   identifier_prefix=canonical(identifier_prefix.strip()),
+                   error_group=error_group.strip(), payload=payload.strip(), task=task.strip())
 
     def frozen(self, now: datetime) -> "BulkFilter":
         """The same filter over a fixed snapshot: what exists now, and nothing enqueued later."""

@@ -45,6 +45,7 @@ from queues.models import (
     ItemEvent,
     Queue,
     Status,
+    canonical,
     is_queue_key,
     printable,
     time_in_bounds,
@@ -248,8 +249,8 @@ def normalise_item(item: Mapping, now: datetime) -> dict:
         raise EnqueueError("invalid item: " + "; ".join(f"{k} {v}" for k, v in fields.items()),
                            fields)
     return {
-        "account": item["account"],
-        "identifier": item["identifier"],
+        "account": canonical(item["account"]),
+        "identifier": canonical(item["identifier"]),
         "payload": payload,
         "run_at": run_at,
         "priority": priority,

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from queues.engine import audit
-from queues.models import PRINTABLE_TEXT, AccountPolicy, GlobalPause, Queue, printable
+from queues.models import PRINTABLE_TEXT, AccountPolicy, GlobalPause, Queue, canonical, printable
 
 
 def _stamp(paused: bool, actor) -> dict:
@@ -35,6 +35,7 @@ def set_account_paused(queue: Queue, account: str, paused: bool, *, actor) -> bo
     """Pauses one account of a queue through its (sparse) policy row."""
     if not printable(account):  # the callers check it first; never stored, whoever calls
         raise ValueError(f"not an account: {PRINTABLE_TEXT}")
+    account = canonical(account)
     policy = AccountPolicy.objects.select_for_update().filter(queue=queue, account=account).first()
     if policy is None:
         if not paused:

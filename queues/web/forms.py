@@ -28,6 +28,7 @@ from queues.models import (
     Queue,
     Status,
     UserPreference,
+    canonical,
     time_in_bounds,
     validate_printable,
 )
@@ -104,12 +105,19 @@ def natural_list_clock(statuses) -> str:
     return "enqueued"
 
 
+class CanonicalField(forms.CharField):
+    """An identifier or account as stored (models.canonical), however the browser composed it."""
+
+    def to_python(self, value):
+        return canonical(super().to_python(value))
+
+
 class ItemFilters(forms.Form):
     """The filters an item list and a bulk operation share, so that "all N matching" carries
     every one of them."""
 
-    account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
-    identifier = forms.CharField(required=False, max_length=MAX_IDENTIFIER_LENGTH,
+    account = CanonicalField(required=False, max_length=MAX_ACCOUNT_LENGTH)
+    identifier = CanonicalField(required=False, max_length=MAX_IDENTIFIER_LENGTH,
                                  label="Identifier starts with")
     error = forms.CharField(required=False, max_length=200, label="Error contains")
     group = forms.CharField(required=False, max_length=MESSAGE_LIMIT, label="Error group")
@@ -205,14 +213,14 @@ def _local(moment) -> str:
 
 
 class SearchForm(forms.Form):
-    q = forms.CharField(max_length=MAX_IDENTIFIER_LENGTH, label="Identifier")
+    q = CanonicalField(max_length=MAX_IDENTIFIER_LENGTH, label="Identifier")
 
 
 class AccountForm(forms.Form):
     """One tenant account: an account to pause or resume, or whose data to show."""
 
     # As an item's account: no item could belong to another, and the audit log reads it.
-    account = forms.CharField(max_length=MAX_ACCOUNT_LENGTH, label="Account",
+    account = CanonicalField(max_length=MAX_ACCOUNT_LENGTH, label="Account",
                               validators=[validate_printable])
 
 
@@ -339,7 +347,7 @@ def _queue_choices():
 class DeadLetterFilterForm(forms.Form):
     queue = forms.ChoiceField(required=False, choices=_queue_choices, label="Queue",
                               widget=LongSelect)
-    account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
+    account = CanonicalField(required=False, max_length=MAX_ACCOUNT_LENGTH)
     reason = forms.ChoiceField(required=False, choices=DEAD_LETTER_REASONS)
     period = forms.ChoiceField(required=False, label="Failed", choices=[
         ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")])

@@ -33,6 +33,7 @@ from queues.engine.stream import Cursor, Filters, Summary
 from queues.models import MAX_ACCOUNT_LENGTH, Queue, Status
 from queues.permissions import VIEWER, has_role, render_page, viewer_required
 from queues.templatetags.queueadmin import when
+from queues.web.forms import CanonicalField
 from queues.web.middleware import SESSION_KEY
 
 HEARTBEAT_SECONDS = 15.0  # a comment line this often keeps proxies from closing an idle stream
@@ -64,7 +65,7 @@ EVENT_LABELS = {
 
 
 class StreamFilterForm(forms.Form):
-    account = forms.CharField(required=False, max_length=MAX_ACCOUNT_LENGTH)
+    account = CanonicalField(required=False, max_length=MAX_ACCOUNT_LENGTH)
     status = forms.MultipleChoiceField(required=False, choices=Status.choices,
                                        widget=forms.CheckboxSelectMultiple)
     event = forms.MultipleChoiceField(required=False, choices=list(EVENT_LABELS.items()),
