@@ -21,6 +21,10 @@ def test_messages_differing_only_in_ids_and_numbers_group_together():
     assert a == b == ("ValueError", "ValueError: invoice '…' has no line items")
     assert normalise_error("HTTP 503 Service Unavailable")[0] == "HTTP <n>"
     assert normalise_error("")[1] == "(no message)"
+    assert normalise_error("ConnectionError: session s1a2ddad3-4 closed") == (
+        "ConnectionError", "ConnectionError: session <id> closed")
+    assert normalise_error("Win32Error: utf-8 codec on x86_64")[1] == (
+        "Win<n>Error: utf-<n> codec on x<n>_<n>")
 
 
 def test_errors_view_counts_groups_with_accounts_and_a_link(role_client):
@@ -45,6 +49,10 @@ ERRORS = {
     "other-timeout": "TimeoutError: connect 3 s",
     "quoted": "KeyError: 'customer' [x] \\ ^ $ (y) 0xdeadbeef 123e4567-e89b-12d3-a456-426614174000",
     "quoted-too": 'KeyError: "order" [x] \\ ^ $ (y) 0x1f 00000000-0000-0000-0000-000000000000',
+    "session": "ConnectionError: session s1a2ddad3-4 closed by peer",
+    "session-too": "ConnectionError: session req_8fK2pQ9x closed by peer",
+    "session-word": "ConnectionError: session shutting-down closed by peer",
+    "session-short": "ConnectionError: session a1b2 closed by peer",
 }
 
 
@@ -60,6 +68,8 @@ def failing(db):
 @pytest.mark.parametrize(("error", "members"), [
     (ERRORS["t1"], {"t1", "t2"}),
     (ERRORS["quoted"], {"quoted", "quoted-too"}),
+    (ERRORS["session"], {"session", "session-too"}),
+    (ERRORS["session-word"], {"session-word"}),
 ])
 def test_an_error_group_selects_exactly_its_items_on_either_database(failing, error, members):
     from queues.engine.errors import group_pattern

@@ -12,10 +12,16 @@ import hashlib
 import re
 
 MESSAGE_LIMIT = 300
+# A generated id without dashes in the usual places ("s1a2ddad3-4", "req_8fK2pQ9x"): a token of 8
+# or more word characters with letters between its digits. Replacing only its digits would make
+# each id a group of its own; a word with one number in it ("Win32Error", "utf-8") is not an id.
+_GENERATED_ID = (r"(?=[A-Za-z0-9_-]*[0-9][A-Za-z0-9_-]*[A-Za-z][A-Za-z0-9_-]*[0-9])"
+             r"[A-Za-z0-9_-]{8,}(?![A-Za-z0-9_-])")
 _NORMALISERS = [
     (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
     (re.compile(r"0x[0-9a-f]+|\b[0-9a-f]{16,}\b", re.I), "<hex>"),
     (re.compile(r"'[^']*'|\"[^\"]*\""), "'…'"),
+    (re.compile(r"(?<![A-Za-z0-9_-])" + _GENERATED_ID), "<id>"),
     (re.compile(r"\d+(\.\d+)?"), "<n>"),
 ]
 _KIND = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Timeout|Failure|Exit|Interrupt)|HTTP <n>)")
@@ -24,6 +30,7 @@ _PLACEHOLDERS = {
     "<uuid>": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "<hex>": "(?:0[xX][0-9a-fA-F]+|[0-9a-fA-F]{16,})",
     "'…'": "(?:'[^']*'|\"[^\"]*\")",
+    "<id>": _GENERATED_ID,
     "<n>": "[0-9]+(?:[.][0-9]+)?",
 }
 _PLACEHOLDER = re.compile("|".join(re.escape(p) for p in _PLACEHOLDERS))
