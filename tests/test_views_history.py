@@ -232,3 +232,16 @@ def test_a_chart_reads_the_rollup_in_a_few_queries(viewer, queue, django_assert_
     fill_last_hour(queue)
     with django_assert_max_num_queries(6):
         fragment(viewer, "throughput", "range=1h", None)
+
+
+def test_a_step_still_under_way_is_shaded_and_says_so_far(viewer, queue):
+    fill_last_hour(queue)
+    now = timezone.now()
+    under_way = now.minute % 15 != 0  # a 24 h chart's last 15 minutes are whole at :00, :15...
+
+    _, day = fragment(viewer, "throughput", "range=24h")
+    _, hour = fragment(viewer, "throughput", "range=1h")
+
+    assert ('class="partial-step"' in day) is under_way
+    assert ("(so far)" in day) is under_way
+    assert 'class="partial-step"' not in hour  # a minute is drawn once it is whole

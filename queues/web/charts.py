@@ -334,7 +334,7 @@ def _draw_measures(chart: Chart, spec: Spec, ids: list[int] | None, start: datet
                                                                        strict=True)],
         hover=[_hover(label, chart.headers, cells) for label, cells in chart.rows],
         y_label=spec.y_label(chart.range), y_format=_tick_duration if spec.durations else show,
-        durations=spec.durations)
+        durations=spec.durations, last_partial=end > chart.as_of)
     chart.summary = "; ".join(_summary(m.name, series, show, chart.range, spec.durations)
                               for m, series in zip(spec.measures, values, strict=True))
 
@@ -363,7 +363,8 @@ def _draw_shares(chart: Chart, queue: Queue, start: datetime, end: datetime, lab
         start, end, [Line(name, series, tone) for (name, series), tone in zip(
             shares.items(), tones, strict=True)],
         hover=[_hover(label, chart.headers, cells) for label, cells in chart.rows],
-        y_label="% of items completed", y_format=lambda v: f"{v:.0f}%")
+        y_label="% of items completed", y_format=lambda v: f"{v:.0f}%",
+        last_partial=end > chart.as_of)
     chart.summary = (f"The {len(accounts)} accounts that completed the most items, "
                      f"{', '.join(accounts)}, and the others: each one's share of the items "
                      f"completed, {chart.range.words}.")

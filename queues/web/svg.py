@@ -51,6 +51,9 @@ class LineChart:
     columns: list[Column]
     x_label: str
     y_label: str
+    # The last step's column when that step is still under way: shaded, since its lower
+    # figures are a count so far, not a drop.
+    partial: Column | None = None
     width: int = WIDTH
     height: int = HEIGHT
     left: int = LEFT
@@ -94,10 +97,10 @@ class LineChart:
 
 
 def line_chart(start: datetime, end: datetime, lines: list[Line], *, hover: list[str],
-               y_label: str, y_format: Callable[[float], str], durations: bool = False
-               ) -> LineChart:
+               y_label: str, y_format: Callable[[float], str], durations: bool = False,
+               last_partial: bool = False) -> LineChart:
     """Lines of len(hover) steps from `start` to `end`, each point in the middle of its step;
-    `hover` is each step's text."""
+    `hover` is each step's text; `last_partial` when the last step is still under way."""
     steps = len(hover)
     plot_width, plot_height = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     highest = max((v for line in lines for v in line.values if v is not None), default=0)
@@ -120,7 +123,8 @@ def line_chart(start: datetime, end: datetime, lines: list[Line], *, hover: list
     columns = [Column(round(LEFT + i * slot, 2), round(slot, 2), text)
                for i, text in enumerate(hover)]
     return LineChart(lines=lines, x_ticks=x_ticks, y_ticks=y_ticks, columns=columns,
-                     x_label=f"Time ({timezone.get_current_timezone_name()})", y_label=y_label)
+                     x_label=f"Time ({timezone.get_current_timezone_name()})", y_label=y_label,
+                     partial=columns[-1] if last_partial and columns else None)
 
 
 def _trace(line: Line, x, y):
