@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -583,9 +584,9 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
     for _ in range(49):  # the cursor of page 50, walked as a person clicking "Older" would
         data = {"status": [], "cursor": queries.parse_cursor(deep) if deep else None}
         deep = queries.item_page(queue, data, now).next_cursor
-    failed, failed_identifier = (
+    failed, failed_identifier, failed_account = (
         Item.objects.filter(queue=queue, status="failed").order_by("-created_at", "-id")
-        .values_list("pk", "identifier").first())
+        .values_list("pk", "identifier", "account").first())
     order = (Item.objects.filter(queue=queue, status="failed").order_by("-created_at", "-id")
              .values_list("payload__order", flat=True).first())
     # The sweeper's account ranking, which the sorted accounts views read: once per sweep.
@@ -629,6 +630,7 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
         "live stream page": f"{base}stream/",
         "bulk page": f"{base}bulk/",
         "search by identifier (every queue)": f"/search/?q={failed_identifier}",
+        "search by account (every queue)": f"/search/?q={quote(failed_account)}",
         "/metrics (every queue)": "/metrics",
     }
     # The chart fragments the pages load (htmx), from the minutes (24 h) and the hours (7, 30 d).
