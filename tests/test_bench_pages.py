@@ -23,7 +23,7 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     # Figures of the set-up, three of each bulk preview (four on PostgreSQL: its heap fetches),
     # three of each page, the export's first byte, three of the overview with every queue busy.
     previews = 8 if connection.vendor == "postgresql" else 6
-    assert len(names) == 4 + previews + (20 + 9) * 3 + 1 + 3
+    assert len(names) == 4 + previews + (21 + 9) * 3 + 1 + 3
     assert "dead letters p95" in names and "/metrics (every queue) SQL queries" in names
     assert "alerts (every queue's rules) p95" in names and "live stream page p95" in names
     assert "bulk preview (cancel queued, 30 d) p95" in names

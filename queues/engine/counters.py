@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from django.db import connection, transaction
-from django.db.models import Count, OuterRef, Subquery, Sum
+from django.db.models import Count, Exists, OuterRef, Subquery, Sum
 
 from queues.engine.db import from_db_datetime, to_db_datetime
 from queues.models import (
@@ -167,15 +167,23 @@ def oldest_waiting(ids: list[int], now: datetime) -> dict[int, datetime | None]:
     """Enqueue time of each queue's oldest due queued item that the selector would dispatch:
     the head of the (queue, status, created_at) index, one correlated subquery per queue. Items
     of a paused account are held on purpose, so they do not make their queue look stuck."""
-    oldest = dict(Queue.objects.filter(pk__in=ids).annotate(oldest=Subquery(
-        Item.objects.filter(queue=OuterRef("pk"), status=Status.QUEUED, run_at__lte=now)
-        .order_by("created_at").values("created_at")[:1]
-    )).values_list("pk", "oldest"))
+    rows = Queue.objects.filter(pk__in=ids).annotate(
+        oldest=Subquery(
+            Item.objects.filter(queue=OuterRef("pk"), status=Status.QUEUED, run_at__lte=now)
+            .order_by("created_at").values("created_at")[:1]),
+        any_paused=Exists(AccountPolicy.objects.filter(queue=OuterRef("pk"), paused=True)),
+    ).values_list("pk", "oldest", "any_paused")
+    oldest, holding = {}, []
+    for pk, created, any_paused in rows:
+        oldest[pk] = created
+        if created and any_paused:
+            holding.append(pk)
+    # A second read only where an account is paused: the overview and /metrics keep their count.
     paused = defaultdict(set)
-    for queue_id, account in AccountPolicy.objects.filter(
-            queue_id__in=[pk for pk, created in oldest.items() if created], paused=True
-    ).values_list("queue_id", "account"):
-        paused[queue_id].add(account)
+    if holding:
+        for queue_id, account in AccountPolicy.objects.filter(
+                queue_id__in=holding, paused=True).values_list("queue_id", "account"):
+            paused[queue_id].add(account)
     for queue_id, accounts in paused.items():
         oldest[queue_id] = _oldest_unpaused(queue_id, accounts, now)
     return oldest
