@@ -522,3 +522,25 @@ def test_two_concurrent_submissions_of_one_confirmation_start_one_operation():
     assert len({operation.pk for operation, _ in answers}) == 1
     assert BulkOperation.objects.count() == 1
     assert AuditEntry.objects.filter(action="bulk.retry").count() == 1
+
+
+@pytest.mark.parametrize("clock", ["enqueued", "next_run", "finished"])
+def test_a_second_retry_of_the_same_range_leaves_what_the_first_ran_and_failed_again(
+        queue, clock):
+    """Both operators previewed and confirmed the same failures; the items the first retry
+    ran failed again after both previews, so the second has nothing left that it saw."""
+    from queues.engine.lifecycle import Outcome
+    queue.max_retries = 0
+    queue.save()
+    items = items_in_status(queue, "failed", 4)
+    alice = confirm(bulk.preview(a_filter(queue, "retry", ["failed"], clock=clock)), "alice")
+    bob = confirm(bulk.preview(a_filter(queue, "retry", ["failed"], clock=clock)), "bob")
+    assert run_to_end(alice).changed == 4
+    ids = [item.pk for item in items]
+    lifecycle.apply("dispatch", ids, actor="selector")
+    lifecycle.apply("start", ids, actor="worker", expected_attempts=dict.fromkeys(ids, 1))
+    lifecycle.finish(queue, [Outcome(item_id=pk, attempt=1, error="down") for pk in ids],
+                     worker="w")
+
+    assert run_to_end(bob).changed == 0
+    assert set(Item.objects.values_list("status", flat=True)) == {Status.FAILED}

@@ -813,3 +813,45 @@ def test_rollup_counts_retries_as_outcomes(queue):
     counters.rollup()
     assert OutcomeMinute.objects.filter(queue=queue, status="retry").aggregate(
         n=Sum("count"))["n"] == 2
+
+
+def run_on(cluster: str, queue) -> tuple[int, tuple]:
+    """A selector round's batch claimed and started by `cluster`: (item id, the claim a worker
+    of that cluster guards its outcomes with)."""
+    from queues.engine import selector
+    round_ = selector.run_round(queue)
+    [(pk, attempt, token)] = round_.batch
+    lifecycle.claim([[pk, attempt, token]], cluster)
+    lifecycle.start_claimed([pk], cluster=cluster, expected_attempts={pk: attempt},
+                            tokens=[token])
+    return pk, lifecycle.claimed_by(cluster, [token])
+
+
+def test_a_frozen_clusters_late_result_is_refused_after_a_retry_ran_the_item_again():
+    """A retry resets the attempt number, so the number alone would let the late result of
+    the first run land on the second."""
+    queue = QueueFactory(max_retries=0)
+    enqueue(queue.key, account="acme", identifier="webhook-1")
+    pk, frozen = run_on("host:1", queue)
+    lifecycle.rescue_lost(queue, {pk: 1})  # the cluster stopped beating
+    lifecycle.apply("requeue", [pk], actor="admin")
+    _, live = run_on("host:2", queue)
+
+    late = lifecycle.finish(queue, [Outcome(item_id=pk, attempt=1)], worker="w", guard=frozen)
+
+    assert late["complete"].changed == []
+    assert Item.objects.get(pk=pk).status == Status.RUNNING
+    done = lifecycle.finish(queue, [Outcome(item_id=pk, attempt=1)], worker="w", guard=live)
+    assert [row.id for row in done["complete"].changed] == [pk]
+
+
+def test_a_rescue_guarded_by_status_leaves_an_item_that_started_meanwhile():
+    queue = QueueFactory()
+    item = item_in_status(queue, Status.DISPATCHED)
+    lifecycle.apply("start", [item.pk], actor="worker", expected_attempts={item.pk: 1})
+
+    results = lifecycle.rescue_lost(queue, {item.pk: 1},
+                                    guard=("status = %s", [Status.DISPATCHED]))
+
+    assert results["retry"].changed == []
+    assert Item.objects.get(pk=item.pk).status == Status.RUNNING

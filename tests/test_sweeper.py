@@ -54,17 +54,30 @@ def test_it_rescues_items_dispatched_past_the_dispatch_timeout():
     assert_counters_true(queue)
 
 
-def test_it_rescues_running_items_past_the_stale_threshold_only():
-    queue = QueueFactory(stale_threshold=timedelta(minutes=30))
+def test_it_rescues_running_items_a_minute_past_their_handler_timeout_only():
+    """The batch records a timeout at the deadline itself; still running a minute later means
+    its worker process died under a cluster that beats on."""
+    queue = QueueFactory(handler_timeout=timedelta(minutes=2), stale_threshold=timedelta(hours=2))
     ids = dispatched(queue, 2)
     lifecycle.apply("start", ids, actor="worker")
-    age(ids[:1], minutes=31)
-    age(ids[1:], minutes=29)
+    age(ids[:1], minutes=3, seconds=5)
+    age(ids[1:], minutes=2, seconds=55)
     counts = sweeper.run()
     assert counts["running items lost, retried"] == 1
     assert "dispatched items lost, retried" not in counts
     assert Item.objects.get(pk=ids[0]).status == Status.RETRY
     assert Item.objects.get(pk=ids[1]).status == Status.RUNNING
+
+
+def test_the_selector_loop_rescues_overdue_running_items_between_sweeps():
+    queue = QueueFactory(handler_timeout=timedelta(minutes=2))
+    ids = dispatched(queue, 1)
+    lifecycle.apply("start", ids, actor="worker")
+    age(ids, minutes=4)
+
+    assert sweeper.rescue_overdue() == {"running items lost, retried": 1}
+    assert Item.objects.get(pk=ids[0]).status == Status.RETRY
+    assert sweeper.rescue_overdue() == {}
 
 
 def test_a_lost_item_with_no_retries_left_goes_to_the_dead_letters():

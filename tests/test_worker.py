@@ -431,3 +431,18 @@ def test_a_batch_waits_out_failing_statements_and_runs_every_item_exactly_once(m
     completions = Counter(ItemEvent.objects.filter(transition="completed")
                           .values_list("item_id", flat=True))
     assert len(completions) == 10 and set(completions.values()) == {1}
+
+
+def test_outcomes_are_recorded_under_the_batchs_claim_not_the_attempt_number_alone(monkeypatch):
+    queue = QueueFactory(handler="test-behaviour")
+    batch = dispatched_batch(queue, ["a"])
+    guards = []
+    finish = lifecycle.finish
+
+    def recording(*args, **kwargs):
+        guards.append(kwargs.get("guard"))
+        return finish(*args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "finish", recording)
+    assert run_batch(queue.pk, batch) == {"complete": 1}
+    assert guards == [lifecycle.claimed_by(heartbeat.this_cluster(), [batch[0][2]])]

@@ -581,6 +581,12 @@ def _next_batch(bulk_filter: BulkFilter, position: dict) -> tuple[list[int], dic
     ids: list[int] = []
     while index < len(statuses):
         query = bulk_filter.items([statuses[index]])
+        if bulk_filter.snapshot_at is not None:
+            # An item that changed after the preview is not what the operator saw, on any
+            # clock: by enqueue time, a second retry of a range would run again every item the
+            # first one ran and that failed since. Read here, not in the preview's counts,
+            # where it would walk every row of the range.
+            query = query.filter(updated_at__lte=bulk_filter.snapshot_at)
         if after is not None:
             query = query.filter(keyset_after(columns, after))
         rows = list(query.order_by(*columns).values_list(*columns)[:STEP_SIZE - len(ids)])

@@ -863,10 +863,12 @@ def retry_delay(backoff_seconds: list[int], retry_number: int,
     return base * rng.uniform(0.9, 1.1)
 
 
-def finish(queue: Queue, outcomes: Iterable[Outcome], *, worker: str,
-           actor: str = "worker") -> dict[str, TransitionResult]:
-    """Record the outcome of running attempts: one statement per outcome kind."""
-    return _settle(queue, list(outcomes), lost=False, worker=worker, actor=actor)
+def finish(queue: Queue, outcomes: Iterable[Outcome], *, worker: str, actor: str = "worker",
+           guard: tuple[str, list] | None = None) -> dict[str, TransitionResult]:
+    """Record the outcome of running attempts: one statement per outcome kind. A worker passes
+    its claim (`claimed_by`) as the guard: the attempt number alone comes back after a retry
+    resets it, and a frozen cluster's late result would then land on a newer run."""
+    return _settle(queue, list(outcomes), lost=False, worker=worker, actor=actor, guard=guard)
 
 
 def delete_finished(queue_id: int, ids: list[int], *, with_events: bool = True,
@@ -934,10 +936,14 @@ def delete_events_before(queue_ids: list[int], before: datetime, limit: int, *,
 
 
 def rescue_lost(queue: Queue, attempts: Mapping[int, int], *, actor: str = "sweeper",
-                error: str = WORKER_LOST) -> dict[str, TransitionResult]:
-    """Dispatched or running items whose worker vanished: the attempt counts, then retry or fail."""
+                error: str = WORKER_LOST, guard: tuple[str, list] | None = None
+                ) -> dict[str, TransitionResult]:
+    """Dispatched or running items whose worker vanished: the attempt counts, then retry or fail.
+    `guard` re-checks, under the row lock, what the caller chose the items by (their status and
+    age): a dispatched item that started meanwhile keeps its attempt number, so the number alone
+    would let its running handler be declared lost."""
     outcomes = [Outcome(item_id=pk, attempt=n, error=error) for pk, n in attempts.items()]
-    return _settle(queue, outcomes, lost=True, worker="", actor=actor)
+    return _settle(queue, outcomes, lost=True, worker="", actor=actor, guard=guard)
 
 
 def claim(batch: Iterable[Sequence[int]], cluster: str) -> dict[int, int]:
@@ -1013,7 +1019,7 @@ def claimed_by(cluster: str, tokens: Iterable[int] = ()) -> tuple[str, list]:
 
 
 def _settle(queue: Queue, outcomes: list[Outcome], *, lost: bool, worker: str,
-            actor: str) -> dict[str, TransitionResult]:
+            actor: str, guard: tuple[str, list] | None) -> dict[str, TransitionResult]:
     now = timezone.now()
     # Two outcomes of one item (a rescued item taken back by the batch still running its earlier
     # attempt): only the later attempt can be current, the earlier one is stale.
@@ -1048,5 +1054,5 @@ def _settle(queue: Queue, outcomes: list[Outcome], *, lost: bool, worker: str,
                 continue
             action = f"lost_{kind}" if lost else kind
             results[kind] = apply(action, list(items), actor=actor, expected_attempts=fences,
-                                  values=items)
+                                  values=items, guard=guard)
     return results

@@ -201,8 +201,9 @@ def tick(seconds: float | None = None, idle_sleep: float = IDLE_SECONDS) -> dict
 
 
 def _rescue_silent_clusters():
+    """Also the running items of worker processes that died under a live cluster."""
     started = timezone.now()
-    if rescued := sweeper.rescue_silent_clusters(started):
+    if rescued := sweeper.rescue_silent_clusters(started) + sweeper.rescue_overdue(started):
         # Shown with the sweeper's runs: what the loop changed, when.
         sweeper.record_run(started, dict(rescued))
 

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from queues.engine import account_stats, bulk, counters, heartbeat, lifecycle, partitions
@@ -32,6 +33,9 @@ from queues.models import (
 
 log = logging.getLogger(__name__)
 BATCH = 2000  # most rows per transaction: short enough never to hold locks for long
+# How long past its queue's handler timeout a running item waits before it counts as lost: its
+# batch records a timeout at the deadline itself, within a loop of its own.
+OVERDUE_MARGIN = timedelta(seconds=60)
 LOCK_KEY = 7_466_002
 ROUND_RETENTION = timedelta(days=1)
 ROLLUP_RETENTION = timedelta(days=7)
@@ -109,6 +113,7 @@ def step(now: datetime | None = None) -> tuple[Counter, bool]:
         changed[f"{model._meta.verbose_name_plural} pruned"] += deleted
         more |= full
     changed.update(rescue_silent_clusters(now))
+    changed.update(rescue_overdue(now))
     # A handful of rows at most: clusters stopped or replaced a day ago.
     changed["cluster heartbeats pruned"] += heartbeat.prune(now)
     return changed, more
@@ -124,7 +129,9 @@ def _rescue(queue: Queue, status: str, older_than: datetime) -> tuple[Counter, b
     )
     changed: Counter = Counter()
     if stuck:
-        results = lifecycle.rescue_lost(queue, stuck)  # one transaction for the whole batch
+        # One transaction for the whole batch; an item that moved on since it was read stays.
+        results = lifecycle.rescue_lost(queue, stuck, guard=(
+            "status = %s AND updated_at < %s", [status, to_db_datetime(older_than)]))
         RESCUE_BATCH.took(time.perf_counter() - started)
         for kind, result in results.items():
             changed[f"{status} items lost, {'retried' if kind == 'retry' else 'failed'}"] += len(
@@ -135,6 +142,29 @@ def _rescue(queue: Queue, status: str, older_than: datetime) -> tuple[Counter, b
                             extra=item_fields(queue.key, row.id, row.account,
                                               attempt=row.attempts))
     return changed, len(stuck) == size
+
+
+def rescue_overdue(now: datetime | None = None) -> Counter:
+    """Running items past their queue's handler timeout by OVERDUE_MARGIN. The batch that ran
+    one records a timeout at the deadline, so one still running has no batch left: its worker
+    process died (the OOM killer, a crash) while its cluster beats on, and the queue would wait
+    for the stale threshold with the item's slot held. The selector loop runs this every few
+    seconds: one read of the running items, which the in-flight index holds."""
+    now = now or timezone.now()
+    changed: Counter = Counter()
+    queues = {queue.pk: queue for queue in Queue.objects.all()}
+    if not queues:
+        return changed
+    due = Q()
+    for queue in queues.values():
+        due |= Q(queue_id=queue.pk, updated_at__lt=now - queue.handler_timeout - OVERDUE_MARGIN)
+    overdue = set(Item.objects.filter(due, status=Status.RUNNING)
+                  .values_list("queue_id", flat=True)[:BATCH])
+    for queue_id in overdue:
+        queue = queues[queue_id]
+        rescued, _ = _rescue(queue, Status.RUNNING, now - queue.handler_timeout - OVERDUE_MARGIN)
+        changed.update(rescued)
+    return changed
 
 
 def rescue_silent_clusters(now: datetime | None = None) -> Counter:
@@ -165,7 +195,8 @@ def rescue_silent_clusters(now: datetime | None = None) -> Counter:
             continue
         results = lifecycle.rescue_lost(queue, attempts, actor="selector",
                                         error=f"{lifecycle.WORKER_LOST}: cluster {cluster} "
-                                              f"stopped beating")
+                                              f"stopped beating",
+                                        guard=("cluster = %s", [cluster]))
         for kind, result in results.items():
             changed[f"running items of silent clusters lost, "
                     f"{'retried' if kind == 'retry' else 'failed'}"] += len(result.changed)

@@ -133,8 +133,11 @@ class BatchRun:
         before anything can make its batch wait (the queue's lock, say), which keeps the window
         in which a killed cluster's finished work is run again to a few milliseconds."""
         if outcomes:
-            results = _retrying(lambda: lifecycle.finish(self.queue, outcomes,
-                                                         worker=heartbeat.worker_id()))
+            ended = [outcome.item_id for outcome in outcomes]
+            results = _retrying(lambda: lifecycle.finish(
+                self.queue, outcomes, worker=heartbeat.worker_id(), guard=self._guard(ended)))
+            for pk in ended:
+                self.tokens.pop(pk, None)
             for kind, result in results.items():
                 self.summary[kind] += len(result.changed)
             _log_failures(self.queue, outcomes, results)
@@ -155,13 +158,16 @@ class BatchRun:
             self.summary["taken while running"] += len(taken)
         queued = self.pending + [pk for pk, _, _ in taken]
         self.pending = queued[len(started):]
-        # Only items not started yet need their token and attempt (to start or release them):
-        # a batch that goes on with its queue for minutes would otherwise keep every one.
+        # Started items keep their token until their outcome is recorded under it, no longer
+        # their attempt: a batch that goes on with its queue for minutes would keep every one.
         for pk in started:
-            self.tokens.pop(pk, None)
             self.attempts.pop(pk, None)
         if len(rows) < len(started):
             self.summary["stale"] += len(started) - len(rows)
+            moved = {row["id"] for row in rows}
+            for pk in started:
+                if pk not in moved:
+                    self.tokens.pop(pk, None)
         self._hand_out(rows)
 
     def _take_and_start(self, free: int, top_up: bool):
