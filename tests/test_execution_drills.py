@@ -128,6 +128,26 @@ def test_sigterm_stops_a_cluster_within_its_grace_leaving_nothing_for_the_sweepe
     assert not Attempt.objects.filter(item__queue=queue, outcome="lost").exists()
 
 
+def test_sigterm_to_the_whole_process_group_ends_the_cluster_and_hands_back_its_items():
+    """systemd's default kill mode and `kill -TERM -<pgid>` reach django-q2's sentinel and
+    workers too, which die at once: the main process hung for good, beating, its items running
+    on no one."""
+    queue = demo_queue("drill-group-stop", batch_size=10, concurrency=10,
+                       options={"min_ms": 20_000, "max_ms": 20_000})
+    put(queue, [f"item-{i:02d}" for i in range(15)])
+    [cluster] = bench.start_clusters(1)
+    try:
+        wait_for(lambda: statuses(queue)[Status.RUNNING] == 10, 60, "10 items running")
+        os.killpg(cluster.pid, signal.SIGTERM)
+        cluster.wait(timeout=20)
+    finally:
+        processes.stop([cluster], signal.SIGKILL)
+    assert statuses(queue) == {Status.RETRY: 10, Status.QUEUED: 5}
+    errors = set(Item.objects.filter(queue=queue, status=Status.RETRY)
+                 .values_list("last_error", flat=True))
+    assert len(errors) == 1 and errors.pop().endswith("was stopped with its workers")
+
+
 def test_items_enqueued_across_tick_boundaries_are_dispatched_within_seconds():
     queue = demo_queue("drill-latency")
     put(queue, ["before-start"])

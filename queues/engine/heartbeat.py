@@ -33,6 +33,8 @@ STALE_AFTER = timedelta(seconds=45)
 PRUNE_AFTER = timedelta(days=1)
 TASK_NAME_BYTES = 120
 SPARE_SLOTS = 8  # room for workers reincarnated while a dead one's slot is not yet cleared
+# How long a SIGTERM handler looks for the sentinel dying of the same signal (it takes a few ms).
+SENTINEL_WAIT_SECONDS = 0.5
 SCHEDULE_NAMES = {spec["func"]: spec["name"] for spec in SCHEDULES}
 
 
@@ -93,10 +95,43 @@ def _mark_stopping_on(signum: int):
     def handler(number, frame):
         if _stopping.value == 0:
             _stopping.value = time.time()
+        sentinel = getattr(getattr(original, "__self__", None), "sentinel", None)
+        if number == signal.SIGTERM and sentinel is not None and _died_with(sentinel):
+            _hand_back_and_exit()
         if callable(original):
             original(number, frame)
 
     signal.signal(signum, handler)
+
+
+def _died_with(sentinel, wait: float = SENTINEL_WAIT_SECONDS) -> bool:
+    """Whether django-q2's sentinel died of the same SIGTERM: sent to the whole process group
+    (systemd's default kill mode, `kill -TERM -<pgid>`), it reaches the sentinel and workers
+    too, which keep SIGTERM's default action and end at once."""
+    deadline = time.monotonic() + wait
+    while sentinel.is_alive():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _hand_back_and_exit():
+    """The sentinel and the workers are gone: django-q2's own stop would wait forever to wake
+    the dead sentinel (the main process hung, beating, its items running on no one). What the
+    cluster held goes back now: not started, queued again; running, a retry with the attempt
+    counted. Then the process ends."""
+    from queues.engine import sweeper
+
+    try:
+        changed = sweeper.rescue_held([this_cluster()], "was stopped with its workers",
+                                      "this cluster")
+        log.warning("cluster %s stopped with its workers by one SIGTERM to the process group; "
+                    "handed back %s", this_cluster(), dict(changed))
+    except Exception:  # the process ends whatever happens; the rescue of silent clusters follows
+        log.exception("cluster %s could not hand back its items", this_cluster())
+    finally:
+        os._exit(0)
 
 
 def stopping_since() -> float | None:

@@ -174,11 +174,20 @@ def rescue_silent_clusters(now: datetime | None = None) -> Counter:
     number, so a frozen cluster that wakes up can record nothing. The selector loop runs this
     every few seconds."""
     now = now or timezone.now()
-    changed: Counter = Counter()
     silent = heartbeat.silent_clusters(now)
     if not silent:
-        return changed
-    held = Item.objects.filter(status__in=IN_FLIGHT_STATUSES, cluster__in=silent).values_list(
+        return Counter()
+    changed = rescue_held(silent, "stopped beating", "silent clusters")
+    if changed:
+        log.info("rescued from silent clusters %s: %s", silent, dict(changed))
+    return changed
+
+
+def rescue_held(clusters: list[str], why: str, whose: str) -> Counter:
+    """What these clusters hold, handed back: dispatched items released, running ones retried
+    or dead-lettered with the attempt counted (error "worker lost: cluster ... {why}")."""
+    changed: Counter = Counter()
+    held = Item.objects.filter(status__in=IN_FLIGHT_STATUSES, cluster__in=clusters).values_list(
         "queue_id", "cluster", "status", "id", "attempts")[:BATCH]
     groups: dict[tuple, dict[int, int]] = {}
     for queue_id, cluster, status, pk, attempts in held:
@@ -189,24 +198,21 @@ def rescue_silent_clusters(now: datetime | None = None) -> Counter:
         if status == Status.DISPATCHED:
             result = lifecycle.apply(
                 "release", list(attempts), actor="selector", expected_attempts=attempts,
-                reason=f"cluster {cluster} stopped beating before starting it",
+                reason=f"cluster {cluster} {why} before starting it",
                 guard=("cluster = %s", [cluster]))
-            changed["dispatched items of silent clusters released"] += len(result.changed)
+            changed[f"dispatched items of {whose} released"] += len(result.changed)
             continue
         results = lifecycle.rescue_lost(queue, attempts, actor="selector",
-                                        error=f"{lifecycle.WORKER_LOST}: cluster {cluster} "
-                                              f"stopped beating",
+                                        error=f"{lifecycle.WORKER_LOST}: cluster {cluster} {why}",
                                         guard=("cluster = %s", [cluster]))
         for kind, result in results.items():
-            changed[f"running items of silent clusters lost, "
+            changed[f"running items of {whose} lost, "
                     f"{'retried' if kind == 'retry' else 'failed'}"] += len(result.changed)
             for row in result.changed:
                 log.warning("item %s lost with cluster %s, %s", row.id, cluster,
                             "retry scheduled" if kind == "retry" else "dead-lettered",
                             extra=item_fields(queue.key, row.id, row.account,
                                               attempt=row.attempts))
-    if changed:
-        log.info("rescued from silent clusters %s: %s", silent, dict(changed))
     return changed
 
 
