@@ -72,6 +72,11 @@ class Config:
         return self.env == "production"
 
 
+# What .env.example writes where a secret goes: production refuses to start with it, since every
+# reader of the repository knows it.
+PLACEHOLDER = "change-me"
+
+
 def parse_bool(name: str, raw: str) -> bool:
     word = raw.strip().lower()
     if word in TRUE_WORDS:
@@ -200,6 +205,9 @@ def sqlite_settings(db: dict) -> dict:
 def postgres_settings(db: dict, *, process_role: str, env: str) -> dict:
     if not db.get("NAME"):
         raise ConfigError("DATABASE_URL for PostgreSQL needs a database name.")
+    if env == "production" and PLACEHOLDER in (db.get("PASSWORD") or "").lower():
+        raise ConfigError(f"DATABASE_URL's password is .env.example's '{PLACEHOLDER}': set the "
+                          "database's own (POSTGRES_PASSWORD, the same in both).")
     options = dict(db.get("OPTIONS") or {})
     options.setdefault("application_name", f"queueadmin-{process_role}")
     if process_role == "web":
@@ -248,10 +256,11 @@ def load(environ: os._Environ | dict | None = None) -> Config:
     if production:
         # Django's own deploy check (W009) asks for the same: long, varied, not a template's.
         if (len(secret_key) < 50 or len(set(secret_key)) < 16
-                or secret_key.startswith("django-insecure-")):
+                or secret_key.startswith("django-insecure-")
+                or PLACEHOLDER in secret_key.lower()):
             raise ConfigError(
                 "SECRET_KEY is required in production: at least 50 random characters, 16 of "
-                "them distinct, not a 'django-insecure-' key "
+                f"them distinct, not a 'django-insecure-' key nor .env.example's '{PLACEHOLDER}' "
                 "(python -c 'import secrets; print(secrets.token_urlsafe(50))')."
             )
     elif not secret_key:

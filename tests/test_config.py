@@ -49,6 +49,15 @@ def test_production_requires_a_strong_secret_key():
             load(**(PRODUCTION | {"SECRET_KEY": weak}))
 
 
+def test_production_refuses_the_placeholders_of_env_example():
+    example = dict(line.split("=", 1) for line in (config.BASE_DIR / ".env.example").read_text()
+                   .splitlines() if line and not line.startswith("#"))
+    with pytest.raises(ConfigError, match="change-me"):
+        load(**(PRODUCTION | {"SECRET_KEY": example["SECRET_KEY"]}))
+    with pytest.raises(ConfigError, match="password"):
+        load(**(PRODUCTION | {"DATABASE_URL": example["DATABASE_URL"]}))
+
+
 def test_production_refuses_any_host():
     with pytest.raises(ConfigError, match="ALLOWED_HOSTS=\\* is refused"):
         load(**(PRODUCTION | {"ALLOWED_HOSTS": "queues.example.com,*"}))
@@ -128,6 +137,17 @@ def test_a_bad_setting_stops_manage_py_with_one_clear_line():
     env |= {"QUEUEADMIN_ENV": "production", "ALLOWED_HOSTS": "x.example.com",
             "DJANGO_SETTINGS_MODULE": "queueadmin.settings"}
     proc = subprocess.run([sys.executable, "manage.py", "check"], env=env,
+                          capture_output=True, text=True, cwd=config.BASE_DIR, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Configuration error: SECRET_KEY is required in production")
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_bad_setting_stops_the_web_process_with_one_clear_line():
+    """uvicorn imports queueadmin.asgi: the same mistake is one line there too."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DJANGO_SETTINGS_MODULE")}
+    env |= {"QUEUEADMIN_ENV": "production", "ALLOWED_HOSTS": "x.example.com"}
+    proc = subprocess.run([sys.executable, "-c", "import queueadmin.asgi"], env=env,
                           capture_output=True, text=True, cwd=config.BASE_DIR, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("Configuration error: SECRET_KEY is required in production")
