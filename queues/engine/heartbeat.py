@@ -109,11 +109,23 @@ def _died_with(sentinel, wait: float = SENTINEL_WAIT_SECONDS) -> bool:
     (systemd's default kill mode, `kill -TERM -<pgid>`), it reaches the sentinel and workers
     too, which keep SIGTERM's default action and end at once."""
     deadline = time.monotonic() + wait
-    while sentinel.is_alive():
+    while not _gone(sentinel):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
     return True
+
+
+def _gone(process) -> bool:
+    """The main thread may have reaped the sentinel in the very wait the signal interrupted
+    (joining it at exit): multiprocessing then still calls it alive, so ask the kernel."""
+    if not process.is_alive():
+        return True
+    try:
+        os.kill(process.pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def _hand_back_and_exit():
@@ -121,11 +133,11 @@ def _hand_back_and_exit():
     the dead sentinel (the main process hung, beating, its items running on no one). What the
     cluster held goes back now: not started, queued again; running, a retry with the attempt
     counted. Then the process ends."""
-    from queues.engine import sweeper
+    from queues.engine import lifecycle
 
     try:
-        changed = sweeper.rescue_held([this_cluster()], "was stopped with its workers",
-                                      "this cluster")
+        changed, _ = lifecycle.hand_back([this_cluster()], "was stopped with its workers",
+                                         "this cluster")
         log.warning("cluster %s stopped with its workers by one SIGTERM to the process group; "
                     "handed back %s", this_cluster(), dict(changed))
     except Exception:  # the process ends whatever happens; the rescue of silent clusters follows

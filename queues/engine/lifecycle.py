@@ -31,6 +31,7 @@ from queues.engine.handlers import TASK_HANDLER
 from queues.engine.stream import CHANNEL, notify_events_written
 from queues.models import (
     FINISHED_STATUSES,
+    IN_FLIGHT_STATUSES,
     LIVE_STATUSES,
     MAX_ACCOUNT_LENGTH,
     MAX_IDENTIFIER_LENGTH,
@@ -944,6 +945,37 @@ def rescue_lost(queue: Queue, attempts: Mapping[int, int], *, actor: str = "swee
     would let its running handler be declared lost."""
     outcomes = [Outcome(item_id=pk, attempt=n, error=error) for pk, n in attempts.items()]
     return _settle(queue, outcomes, lost=True, worker="", actor=actor, guard=guard)
+
+
+def hand_back(clusters: list[str], why: str, whose: str) -> tuple[Counter, list[tuple]]:
+    """What these clusters hold, handed back: dispatched items released, running ones retried
+    or dead-lettered with the attempt counted (error "worker lost: cluster ... {why}"). Returns
+    the counts by action and the lost items as (queue, "retry" or "fail", row)."""
+    changed: Counter = Counter()
+    lost: list[tuple] = []
+    held = Item.objects.filter(status__in=IN_FLIGHT_STATUSES, cluster__in=clusters).values_list(
+        "queue_id", "cluster", "status", "id", "attempts")[:BATCH_LIMIT]
+    groups: dict[tuple, dict[int, int]] = {}
+    for queue_id, cluster, status, pk, attempts in held:
+        groups.setdefault((queue_id, cluster, status), {})[pk] = attempts
+    queues = Queue.objects.in_bulk({queue_id for queue_id, _, _ in groups})
+    for (queue_id, cluster, status), attempts in groups.items():
+        queue = queues[queue_id]
+        if status == Status.DISPATCHED:
+            result = apply("release", list(attempts), actor="selector",
+                           expected_attempts=attempts,
+                           reason=f"cluster {cluster} {why} before starting it",
+                           guard=("cluster = %s", [cluster]))
+            changed[f"dispatched items of {whose} released"] += len(result.changed)
+            continue
+        results = rescue_lost(queue, attempts, actor="selector",
+                              error=f"{WORKER_LOST}: cluster {cluster} {why}",
+                              guard=("cluster = %s", [cluster]))
+        for kind, result in results.items():
+            changed[f"running items of {whose} lost, "
+                    f"{'retried' if kind == 'retry' else 'failed'}"] += len(result.changed)
+            lost += [(queue, kind, row) for row in result.changed]
+    return changed, lost
 
 
 def claim(batch: Iterable[Sequence[int]], cluster: str) -> dict[int, int]:

@@ -22,7 +22,6 @@ from queues.engine.db import is_postgres, to_db_datetime
 from queues.engine.logfields import item_fields
 from queues.models import (
     FINISHED_STATUSES,
-    IN_FLIGHT_STATUSES,
     Item,
     OutcomeMinute,
     Queue,
@@ -184,35 +183,12 @@ def rescue_silent_clusters(now: datetime | None = None) -> Counter:
 
 
 def rescue_held(clusters: list[str], why: str, whose: str) -> Counter:
-    """What these clusters hold, handed back: dispatched items released, running ones retried
-    or dead-lettered with the attempt counted (error "worker lost: cluster ... {why}")."""
-    changed: Counter = Counter()
-    held = Item.objects.filter(status__in=IN_FLIGHT_STATUSES, cluster__in=clusters).values_list(
-        "queue_id", "cluster", "status", "id", "attempts")[:BATCH]
-    groups: dict[tuple, dict[int, int]] = {}
-    for queue_id, cluster, status, pk, attempts in held:
-        groups.setdefault((queue_id, cluster, status), {})[pk] = attempts
-    queues = Queue.objects.in_bulk({queue_id for queue_id, _, _ in groups})
-    for (queue_id, cluster, status), attempts in groups.items():
-        queue = queues[queue_id]
-        if status == Status.DISPATCHED:
-            result = lifecycle.apply(
-                "release", list(attempts), actor="selector", expected_attempts=attempts,
-                reason=f"cluster {cluster} {why} before starting it",
-                guard=("cluster = %s", [cluster]))
-            changed[f"dispatched items of {whose} released"] += len(result.changed)
-            continue
-        results = lifecycle.rescue_lost(queue, attempts, actor="selector",
-                                        error=f"{lifecycle.WORKER_LOST}: cluster {cluster} {why}",
-                                        guard=("cluster = %s", [cluster]))
-        for kind, result in results.items():
-            changed[f"running items of {whose} lost, "
-                    f"{'retried' if kind == 'retry' else 'failed'}"] += len(result.changed)
-            for row in result.changed:
-                log.warning("item %s lost with cluster %s, %s", row.id, cluster,
-                            "retry scheduled" if kind == "retry" else "dead-lettered",
-                            extra=item_fields(queue.key, row.id, row.account,
-                                              attempt=row.attempts))
+    """lifecycle.hand_back, each lost item logged."""
+    changed, lost = lifecycle.hand_back(clusters, why, whose)
+    for queue, kind, row in lost:
+        log.warning("item %s lost with cluster %s, %s", row.id, " or ".join(clusters),
+                    "retry scheduled" if kind == "retry" else "dead-lettered",
+                    extra=item_fields(queue.key, row.id, row.account, attempt=row.attempts))
     return changed
 
 
