@@ -950,7 +950,7 @@ def rescue_lost(queue: Queue, attempts: Mapping[int, int], *, actor: str = "swee
 def hand_back(clusters: list[str], why: str, whose: str) -> tuple[Counter, list[tuple]]:
     """What these clusters hold, handed back: dispatched items released, running ones retried
     or dead-lettered with the attempt counted (error "worker lost: cluster ... {why}"). Returns
-    the counts by action and the lost items as (queue, "retry" or "fail", row)."""
+    the counts by action and the lost items as (queue, cluster, "retry" or "fail", row)."""
     changed: Counter = Counter()
     lost: list[tuple] = []
     held = Item.objects.filter(status__in=IN_FLIGHT_STATUSES, cluster__in=clusters).values_list(
@@ -974,7 +974,7 @@ def hand_back(clusters: list[str], why: str, whose: str) -> tuple[Counter, list[
         for kind, result in results.items():
             changed[f"running items of {whose} lost, "
                     f"{'retried' if kind == 'retry' else 'failed'}"] += len(result.changed)
-            lost += [(queue, kind, row) for row in result.changed]
+            lost += [(queue, cluster, kind, row) for row in result.changed]
     return changed, lost
 
 

@@ -157,8 +157,8 @@ def rescue_overdue(now: datetime | None = None) -> Counter:
     due = Q()
     for queue in queues.values():
         due |= Q(queue_id=queue.pk, updated_at__lt=now - queue.handler_timeout - OVERDUE_MARGIN)
-    overdue = set(Item.objects.filter(due, status=Status.RUNNING)
-                  .values_list("queue_id", flat=True)[:BATCH])
+    overdue = Item.objects.filter(due, status=Status.RUNNING).values_list(
+        "queue_id", flat=True).distinct()
     for queue_id in overdue:
         queue = queues[queue_id]
         rescued, _ = _rescue(queue, Status.RUNNING, now - queue.handler_timeout - OVERDUE_MARGIN)
@@ -185,8 +185,8 @@ def rescue_silent_clusters(now: datetime | None = None) -> Counter:
 def rescue_held(clusters: list[str], why: str, whose: str) -> Counter:
     """lifecycle.hand_back, each lost item logged."""
     changed, lost = lifecycle.hand_back(clusters, why, whose)
-    for queue, kind, row in lost:
-        log.warning("item %s lost with cluster %s, %s", row.id, " or ".join(clusters),
+    for queue, cluster, kind, row in lost:
+        log.warning("item %s lost with cluster %s, %s", row.id, cluster,
                     "retry scheduled" if kind == "retry" else "dead-lettered",
                     extra=item_fields(queue.key, row.id, row.account, attempt=row.attempts))
     return changed
