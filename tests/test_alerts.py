@@ -350,6 +350,21 @@ def test_selector_and_sweeper_behind_fire_as_healthz_judges_them(notify):
         "selector_behind", "sweeper_behind"]
 
 
+def test_a_sweeper_that_never_ran_is_not_behind_while_the_first_cluster_is_new(notify):
+    """Its first run comes minutes after a cluster starts: a fresh installation's overview
+    must not say "the sweeper has never run" for those minutes."""
+    AlertRule.objects.filter(queue=None).exclude(kind="sweeper_behind").update(enabled=False)
+    AlertRule.objects.filter(queue=None, kind="sweeper_behind").update(enabled=True)
+    now = timezone.now()
+    ClusterHeartbeat.objects.create(cluster="web-1:42", host="web-1", pid=42, started_at=now,
+                                    beat_at=now)
+    alerts.evaluate(now + timedelta(minutes=2))
+    assert not AlertFiring.objects.exists()
+    ClusterHeartbeat.objects.update(beat_at=now + timedelta(minutes=16))
+    alerts.evaluate(now + timedelta(minutes=16))
+    assert AlertFiring.objects.get().summary == "the sweeper has never run"
+
+
 def test_the_command_evaluates_and_says_what_changed(queue):
     items_in_status(queue, "queued", 3)
     out = StringIO()

@@ -62,6 +62,17 @@ def test_healthz_reports_an_overdue_selector_schedule_and_a_late_sweeper(client)
     assert len(body["problems"]) == 2
 
 
+def test_healthz_waits_for_a_new_clusters_first_sweep_before_calling_the_sweeper_late(client):
+    healthy_now()
+    SweepRun.objects.all().delete()
+    assert client.get("/healthz").json()["status"] == "ok"
+    ClusterHeartbeat.objects.update(started_at=timezone.now() - timedelta(minutes=20))
+    body = client.get("/healthz").json()
+    assert body["status"] == "degraded"
+    assert body["problems"] == ["the sweeper has not run in the last 15 minutes"]
+    assert body["sweeper"]["last_run_age_seconds"] is None
+
+
 def test_healthz_answers_503_not_500_when_the_database_is_unreachable(client):
     with mock.patch("queues.ops.health.report", side_effect=OperationalError("connection refused")):
         response = client.get("/healthz")

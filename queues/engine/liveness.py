@@ -5,6 +5,8 @@ installation-wide alert rules (queues.engine.alerts) judge the same figures."""
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db.models import Max, Min
+
 from queues.engine.schedules import SCHEDULES
 from queues.models import ClusterHeartbeat, SweepRun
 
@@ -19,6 +21,7 @@ SELECTOR_SCHEDULE = next(s["name"] for s in SCHEDULES if s["func"] == "queues.en
 @dataclass(frozen=True)
 class Liveness:
     newest_beat: datetime | None
+    first_start: datetime | None  # the earliest start among the clusters on record
     selector_next_run: datetime | None
     last_sweep: datetime | None  # when the latest sweeper run finished
 
@@ -31,15 +34,22 @@ class Liveness:
         return max(0.0, (now - self.selector_next_run).total_seconds())
 
     def sweeper_age(self, now: datetime) -> float | None:
-        return None if self.last_sweep is None else (now - self.last_sweep).total_seconds()
+        """Seconds since the sweeper last ran. Never run: None, unless a cluster started less
+        than SWEEPER_LATE_AFTER ago, when its first run is simply not due yet (0)."""
+        if self.last_sweep is not None:
+            return (now - self.last_sweep).total_seconds()
+        if self.first_start is not None and now - self.first_start < SWEEPER_LATE_AFTER:
+            return 0.0
+        return None
 
 
 def read() -> Liveness:
     from django_q.models import Schedule
 
+    clusters = ClusterHeartbeat.objects.aggregate(newest=Max("beat_at"), first=Min("started_at"))
     return Liveness(
-        newest_beat=ClusterHeartbeat.objects.order_by("-beat_at").values_list(
-            "beat_at", flat=True).first(),
+        newest_beat=clusters["newest"],
+        first_start=clusters["first"],
         selector_next_run=Schedule.objects.filter(name=SELECTOR_SCHEDULE).values_list(
             "next_run", flat=True).first(),
         last_sweep=SweepRun.objects.order_by("-started_at").values_list(

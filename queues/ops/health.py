@@ -77,7 +77,8 @@ def report(now: datetime) -> dict:
     if overdue is None or overdue > SELECTOR_OVERDUE_AFTER.total_seconds():
         problems.append("the selector's schedule is overdue")
     last_sweep = signs.last_sweep
-    if last_sweep is None or now - last_sweep > SWEEPER_LATE_AFTER:
+    sweeper_age = signs.sweeper_age(now)
+    if sweeper_age is None or sweeper_age > SWEEPER_LATE_AFTER.total_seconds():
         problems.append("the sweeper has not run in the last "
                         f"{int(SWEEPER_LATE_AFTER.total_seconds() // 60)} minutes")
     return {
