@@ -488,9 +488,10 @@ class SelectorRound(models.Model):
 
 class AccountStat(models.Model):
     """One account with ready items on one queue, as the last sweeper run found it: what the
-    accounts page orders by (backlog, oldest wait, share of service), because grouping every
-    ready item on each page view is too slow at scale. queues.engine.account_stats replaces a
-    queue's rows at once; the page shows live figures beside this order."""
+    accounts page orders by backlog and oldest wait, because grouping every ready item on each
+    page view is too slow at scale (its order by share of service is live).
+    queues.engine.account_stats replaces a queue's rows at once; the page shows live figures
+    beside this order."""
 
     id = models.BigAutoField(primary_key=True)
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
@@ -498,7 +499,9 @@ class AccountStat(models.Model):
     backlog = models.PositiveIntegerField()  # queued and retry items
     # The earliest not-before time among them: waiting since then, or (future) nothing due yet.
     first_due = models.DateTimeField()
-    served = models.PositiveIntegerField()  # items dispatched in the recent selector rounds
+    # No longer written or read (the order by share is live since 0034); kept, with a default,
+    # for the previous release's sweeper during a deploy, and dropped in the next release.
+    served = models.PositiveIntegerField(db_default=0)
     refreshed_at = models.DateTimeField()
 
     class Meta:
@@ -509,7 +512,6 @@ class AccountStat(models.Model):
         indexes = [
             models.Index(fields=["queue", "-backlog", "account"], name="accountstat_backlog_idx"),
             models.Index(fields=["queue", "first_due", "account"], name="accountstat_wait_idx"),
-            models.Index(fields=["queue", "-served", "account"], name="accountstat_served_idx"),
         ]
 
     def __str__(self):

@@ -1,5 +1,5 @@
 """The accounts page's ranking (queues.engine.account_stats): one row per account with ready items
-per queue, replaced at each sweep."""
+per queue, replaced at each sweep; and the recent service its order by share reads live."""
 
 from datetime import timedelta
 
@@ -14,8 +14,7 @@ pytestmark = pytest.mark.django_db
 
 
 def ranking(queue):
-    return {stat.account: (stat.backlog, stat.served)
-            for stat in AccountStat.objects.filter(queue=queue)}
+    return {stat.account: stat.backlog for stat in AccountStat.objects.filter(queue=queue)}
 
 
 def served_round(queue, allocation, minutes_ago=0):
@@ -33,7 +32,7 @@ def test_it_counts_ready_items_per_account_and_nothing_else():
     items_in_status(queue, "failed", 1, account="broken")
     enqueued(other, 5, account="acme", prefix="o")
     assert account_stats.refresh(queue) == 2
-    assert ranking(queue) == {"acme": (5, 0), "zeta": (1, 0)}
+    assert ranking(queue) == {"acme": 5, "zeta": 1}
     assert not AccountStat.objects.filter(queue=other).exists()
 
 
@@ -50,34 +49,20 @@ def test_it_keeps_when_the_first_ready_item_came_due():
     assert stats["acme"].refreshed_at == now
 
 
-def test_served_is_what_the_recent_rounds_took_for_accounts_with_a_backlog():
-    queue = QueueFactory()
-    enqueued(queue, 2, account="acme", prefix="a")
-    enqueued(queue, 2, account="zeta", prefix="z")
+def test_recent_service_is_what_the_recent_rounds_took_per_account():
+    queue, other = QueueFactory(), QueueFactory(key="other")
     served_round(queue, {"acme": 3, "gone": 5}, minutes_ago=2)
     served_round(queue, {"acme": 1}, minutes_ago=1)
-    account_stats.refresh(queue)
-    assert ranking(queue) == {"acme": (2, 4), "zeta": (2, 0)}
-
-
-def test_served_is_written_in_chunks_for_every_account(monkeypatch):
-    queue = QueueFactory()
-    for account in "abcde":
-        enqueued(queue, 1, account=account, prefix=account)
-    served_round(queue, {account: n for n, account in enumerate("abcde", start=1)})
-    monkeypatch.setattr(account_stats, "SERVED_CHUNK", 2)
-    account_stats.refresh(queue)
-    assert ranking(queue) == {account: (1, n) for n, account in enumerate("abcde", start=1)}
+    served_round(other, {"acme": 7})
+    assert account_stats.recent_service(queue) == ({"acme": 4, "gone": 5}, 2)
 
 
 def test_only_the_recent_rounds_count_as_served(monkeypatch):
     queue = QueueFactory()
-    enqueued(queue, 1, account="acme")
     monkeypatch.setattr(account_stats, "SERVICE_ROUNDS", 2)
     for minutes_ago in (3, 2, 1):
         served_round(queue, {"acme": minutes_ago}, minutes_ago=minutes_ago)
-    account_stats.refresh(queue)
-    assert ranking(queue) == {"acme": (1, 2 + 1)}
+    assert account_stats.recent_service(queue) == ({"acme": 2 + 1}, 2)
 
 
 def test_accounts_that_emptied_drop_out_and_a_second_refresh_adds_no_duplicates():
@@ -90,7 +75,7 @@ def test_accounts_that_emptied_drop_out_and_a_second_refresh_adds_no_duplicates(
     enqueued(queue, 1, account="acme", prefix="b")
     assert account_stats.refresh(queue) == 1
     assert account_stats.refresh(queue) == 1
-    assert ranking(queue) == {"acme": (3, 0)}
+    assert ranking(queue) == {"acme": 3}
     assert AccountStat.objects.count() == 1
 
 
@@ -108,7 +93,7 @@ def test_each_sweep_ranks_the_accounts_and_records_it():
     enqueued(queue, 1, account="zeta", prefix="z")
     counts = sweeper.run()
     assert counts["accounts ranked"] == 2
-    assert ranking(queue) == {"acme": (2, 0), "zeta": (1, 0)}
+    assert ranking(queue) == {"acme": 2, "zeta": 1}
 
 
 def test_a_sweep_with_no_backlog_ranks_nothing_and_stays_empty():

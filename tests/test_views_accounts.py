@@ -136,11 +136,41 @@ def test_it_sorts_accounts_by_share_of_recent_service(role_client, monkeypatch):
         enqueued(queue, 1, account=account, prefix=account)
     SelectorRound.objects.create(queue=queue, started_at=timezone.now(), duration_ms=1, taken=9,
                                  accounts=3, allocation={"c": 5, "a": 3, "d": 1})
-    account_stats.refresh(queue)
     client = role_client("Viewer")
     assert walk(client, "/queues/emails/accounts/?sort=share") == [["c", "a"], ["d", "b"]]
     page = client.get("/queues/emails/accounts/?sort=share").context["page"]
     assert [(row.served, round(row.share, 2)) for row in page.rows] == [(5, 0.56), (3, 0.33)]
+
+
+def test_the_order_by_share_is_live_not_the_sweepers_ranking(role_client):
+    """The sweeper ranks every five minutes; the shares beside the order are live, so an order
+    from the ranking looked unsorted on a busy queue."""
+    queue = QueueFactory(key="emails")
+    for account in "abc":
+        enqueued(queue, 1, account=account, prefix=account)
+    SelectorRound.objects.create(queue=queue, started_at=timezone.now(), duration_ms=1, taken=3,
+                                 accounts=1, allocation={"a": 3})
+    account_stats.refresh(queue)
+    SelectorRound.objects.create(queue=queue, started_at=timezone.now(), duration_ms=1, taken=9,
+                                 accounts=1, allocation={"c": 9})
+    response = role_client("Viewer").get("/queues/emails/accounts/?sort=share")
+    rows = response.context["page"].rows
+    assert [(row.account, row.served) for row in rows] == [("c", 9), ("a", 3), ("b", 0)]
+    assert "Ordered by share of service in the last 2 selector rounds, live" in (
+        response.content.decode())
+
+
+def test_the_order_by_share_goes_on_by_key_past_the_served_accounts_skipping_them(
+        role_client, monkeypatch):
+    monkeypatch.setattr(queries, "PAGE_SIZE", 2)
+    queue = QueueFactory(key="emails")
+    for account in "abcdef":
+        enqueued(queue, 1, account=account, prefix=account)
+    # "z" was served and has nothing left: it still had its share of the rounds.
+    SelectorRound.objects.create(queue=queue, started_at=timezone.now(), duration_ms=1, taken=4,
+                                 accounts=3, allocation={"b": 1, "d": 1, "z": 2})
+    pages = walk(role_client("Viewer"), "/queues/emails/accounts/?sort=share")
+    assert pages == [["z", "b"], ["d", "a"], ["c", "e"], ["f"]]
 
 
 def test_a_sorted_page_shows_live_figures_in_the_ranked_order_and_says_how_old_it_is(

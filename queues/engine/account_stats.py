@@ -1,4 +1,5 @@
-"""The accounts page's orders (by backlog, oldest wait, share of service), kept in AccountStat.
+"""The accounts page's orders by backlog and oldest wait, kept in AccountStat, and the recent
+service its order by share reads live.
 
 Grouping every ready item by account on each page view is too slow at scale (1M items, 10,000
 accounts), so the sweeper ranks the accounts once per run: for each queue, one INSERT ... SELECT
@@ -11,14 +12,12 @@ from collections import Counter
 from datetime import datetime
 
 from django.db import connection, transaction
-from django.db.models import Case, Value, When
 from django.utils import timezone
 
-from queues.engine.db import chunked, to_db_datetime
+from queues.engine.db import to_db_datetime
 from queues.models import READY_STATUSES, AccountStat, Item, Queue, SelectorRound
 
 SERVICE_ROUNDS = 20  # selector rounds behind "served recently" and the share of service
-SERVED_CHUNK = 1000  # accounts per statement writing what they were served
 
 
 def recent_service(queue: Queue) -> tuple[Counter, int]:
@@ -37,7 +36,6 @@ def refresh(queue: Queue, now: datetime | None = None) -> int:
     refresh at a time (the sweeper's single runner): two at once would collide on the unique
     (queue, account)."""
     now = now or timezone.now()
-    served, _ = recent_service(queue)
     # Literal statuses, as in the ready index's predicate, so that the planner uses it.
     ready = ", ".join(f"'{status}'" for status in READY_STATUSES)
     with transaction.atomic():
@@ -45,17 +43,11 @@ def refresh(queue: Queue, now: datetime | None = None) -> int:
         with connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {AccountStat._meta.db_table} "
-                f"(queue_id, account, backlog, first_due, served, refreshed_at) "
-                f"SELECT queue_id, account, COUNT(*), MIN(run_at), 0, %s "
+                f"(queue_id, account, backlog, first_due, refreshed_at) "
+                f"SELECT queue_id, account, COUNT(*), MIN(run_at), %s "
                 f"FROM {Item._meta.db_table} WHERE queue_id = %s AND status IN ({ready}) "
                 f"GROUP BY queue_id, account", [to_db_datetime(now), queue.pk])
-            ranked = cursor.rowcount
-        # In chunks: 20 rounds of up to 1,000 items can serve 20,000 accounts, and SQLite takes
-        # at most 32,766 parameters a statement.
-        for chunk in chunked(list(served.items()), SERVED_CHUNK):
-            AccountStat.objects.filter(queue=queue, account__in=[a for a, _ in chunk]).update(
-                served=Case(*(When(account=account, then=Value(n)) for account, n in chunk)))
-    return ranked
+            return cursor.rowcount
 
 
 def refresh_all(now: datetime | None = None) -> int:

@@ -6,7 +6,7 @@ a loose index scan or the sweeper's ranking, and per-account figures are read on
 accounts on the page.
 """
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
@@ -463,13 +463,14 @@ def error_groups(queue: Queue) -> tuple[list[ErrorGroup], int]:
 # --- accounts (fairness) view ------------------------------------------------------------------
 
 class AccountOrder(NamedTuple):
-    field: str  # of AccountStat; ties go by account, as in its index
+    field: str  # of AccountStat (or, for share, of the row); ties go by account
     descending: bool
     words: str
 
 
-# The accounts page's orders besides the default (account key, live): read from the ranking the
-# sweeper keeps (queues.engine.account_stats).
+# The accounts page's orders besides the default (account key, live): by share of service
+# live, from the recent rounds; the others from the ranking the sweeper keeps
+# (queues.engine.account_stats).
 ACCOUNT_ORDERS = {
     "backlog": AccountOrder("backlog", True, "backlog"),
     "wait": AccountOrder("first_due", False, "oldest wait"),
@@ -529,11 +530,19 @@ def accounts_page(queue: Queue, data: dict, now: datetime) -> AccountsPage:
     to LIVE_LIMIT ready items each."""
     sort = data.get("sort") or ""
     ranked_at = None
-    if sort:
+    served, rounds = recent_service(queue)
+    if sort == "share":
+        ordered = accounts_by_share(queue, served, data.get("cursor"), PAGE_SIZE + 1)
+        accounts = [account for _, account in ordered[:PAGE_SIZE]]
+        next_query = (urlencode({"sort": sort, "cursor": account_cursor(sort, *ordered[-2])})
+                      if len(ordered) > PAGE_SIZE else "")
+    elif sort:
         ranked = ranked_accounts(queue, sort, data.get("cursor"), PAGE_SIZE + 1)
         accounts = [stat.account for stat in ranked[:PAGE_SIZE]]
-        next_query = (urlencode({"sort": sort, "cursor": account_cursor(sort, ranked[-2])})
-                      if len(ranked) > PAGE_SIZE else "")
+        position = ranked[-2] if len(ranked) > PAGE_SIZE else None
+        next_query = (urlencode({"sort": sort, "cursor": account_cursor(
+            sort, getattr(position, ACCOUNT_ORDERS[sort].field), position.account)})
+            if position else "")
         ranked_at = max((stat.refreshed_at for stat in ranked), default=None)
     else:
         accounts = accounts_with_backlog(queue, data.get("after", ""), PAGE_SIZE + 1)
@@ -565,7 +574,6 @@ def accounts_page(queue: Queue, data: dict, now: datetime) -> AccountsPage:
         # Past LIVE_LIMIT the live count stops; the ranking's figure tells more.
         known = max(row.backlog, row.ranked_backlog or 0)
         row.at_ready_limit = policy.max_ready is not None and known >= policy.max_ready
-    served, rounds = recent_service(queue)
     total = sum(served.values())
     for row in rows.values():
         row.served = served.get(row.account, 0)
@@ -645,17 +653,38 @@ def ranked_accounts(queue: Queue, sort: str, after: tuple | None,
     return list(stats.order_by(f"-{field}" if descending else field, "account")[:limit])
 
 
-def account_cursor(sort: str, stat: AccountStat) -> str:
+def accounts_by_share(queue: Queue, served: Counter, after: tuple | None,
+                      limit: int) -> list[tuple[int, str]]:
+    """(items served, account) in the order by share, after the position `after`: the
+    accounts the recent rounds served, most first, then those with a backlog and no recent
+    service, by key. Live, as the figures beside it: a ranking kept by the sweeper showed
+    shares minutes newer than its order, so the column looked unsorted."""
+    most, last = after or (None, "")
+    page = []
+    if most is None or most > 0:
+        page = [(n, account) for account, n in sorted(served.items(), key=lambda e: (-e[1], e[0]))
+                if most is None or (-n, account) > (-most, last)][:limit]
+        last = ""
+    if len(page) < limit:
+        # One scan long enough to step over every served account past the position: they are
+        # few (20 rounds' worth) and listed above.
+        skipped = sum(1 for account in served if account > last)
+        unserved = [account for account in accounts_with_backlog(queue, last, limit + skipped)
+                    if account not in served]
+        page += [(0, account) for account in unserved[:limit - len(page)]]
+    return page
+
+
+def account_cursor(sort: str, value, account: str) -> str:
     """An opaque page position: signed, so that a position the server did not hand out is
     refused rather than read."""
-    value = getattr(stat, ACCOUNT_ORDERS[sort].field)
     if isinstance(value, datetime):
         value = _micros(value)
-    return signing.dumps([sort, value, stat.account], salt=ACCOUNT_CURSOR_SALT)
+    return signing.dumps([sort, value, account], salt=ACCOUNT_CURSOR_SALT)
 
 
 def parse_account_cursor(sort: str, raw: str) -> tuple | None:
-    """(value, account) of a position account_cursor made for this order (a ranked one), else
+    """(value, account) of a position account_cursor made for this order (a sorted one), else
     None."""
     try:
         made_for, value, account = signing.loads(raw, salt=ACCOUNT_CURSOR_SALT)
