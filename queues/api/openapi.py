@@ -294,7 +294,10 @@ def document(server: str = "/api/v1") -> dict:
                                   "`finished` for retry, replay and purge, `enqueued` for "
                                   "cancel."},
                         "from": {**DATE_TIME, "description": "Start of the range on `clock` "
-                                 "(inclusive), with a time-zone offset."},
+                                 "(inclusive), with a time-zone offset. A range of any length: "
+                                 "the dashboard refuses typed ranges over 366 days to catch a "
+                                 "mistyped year, and here a start must confirm the preview's "
+                                 "count (`expected`), which shows such a slip first."},
                         "to": {**DATE_TIME, "description": "End of the range on `clock` "
                                "(exclusive), with a time-zone offset."},
                         "created_from": {**DATE_TIME, "description": "Older name of a range "
