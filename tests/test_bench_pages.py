@@ -4,7 +4,7 @@ import pytest
 from django.db import connection
 
 from queues.bench import scenarios as bench
-from queues.models import Item
+from queues.models import Item, SelectorRound
 from queues.web import queries
 from tests.factories import QueueFactory, enqueued, items_in_status
 
@@ -21,9 +21,10 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     report = bench.run_pages(queue_key="bench-pages", requests=2, log=lambda _: None)
     names = [name for name, _, _ in report.figures]
     # Figures of the set-up, three of each bulk preview (four on PostgreSQL: its heap fetches),
-    # three of each page, the export's first byte, three of the overview with every queue busy.
+    # three of each page, the export's first byte, three of the overview with every queue busy,
+    # three of each page by share of service.
     previews = 8 if connection.vendor == "postgresql" else 6
-    assert len(names) == 4 + previews + (21 + 9) * 3 + 1 + 3
+    assert len(names) == 4 + previews + (21 + 9) * 3 + 1 + 3 + 2 * 3
     assert "dead letters p95" in names and "/metrics (every queue) SQL queries" in names
     assert "alerts (every queue's rules) p95" in names and "live stream page p95" in names
     assert "bulk preview (cancel queued, 30 d) p95" in names
@@ -36,6 +37,8 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
         Item.objects.filter(pk__in=[i.pk for i in done]).values_list("pk", "finished_at"))
     assert "account ranking refresh (one queue) p50" in names
     assert "accounts by oldest wait, page 2 (keyset) p95" in names
+    assert "accounts by share of service, page 2 (keyset) p95" in names
+    assert not SelectorRound.objects.exists()  # the rounds it served by were rolled back
     assert "50 pages deep (keyset) p95" in names and "errors view SQL queries" in names
     assert "errors view, 7 d trends p95" in names
     assert "payload field (order = n) p95" in names

@@ -27,6 +27,7 @@ from queues.engine import account_stats, counters, fairness, history, lifecycle,
 from queues.models import (
     IN_FLIGHT_STATUSES,
     READY_STATUSES,
+    AccountStat,
     ErrorGroupHour,
     Item,
     ItemEvent,
@@ -664,7 +665,37 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
                     + [(n, u, htmx) for n, u in fragments.items()], requests, log)
         _time_first_byte(report, client, f"{base}export.csv", requests, log)
     _time_busy_overview(report, client, requests, log)
+    _time_accounts_by_share(report, client, queue, requests, log)
     return report
+
+
+def _time_accounts_by_share(report: Report, client, queue: Queue, requests: int, log):
+    """The accounts page by share of service as the busiest queue sees it. The seed records no
+    selector round, so 20 rounds of 1,000 items over 500 accounts each (the most accounts 20
+    rounds of the largest batches can serve, 10,000 here) are written in a transaction rolled
+    back after the timing."""
+    from queues.web import queries
+
+    accounts = list(AccountStat.objects.filter(queue=queue).order_by("account")
+                    .values_list("account", flat=True))
+    if not accounts:
+        return
+    now = timezone.now()
+    with transaction.atomic():
+        SelectorRound.objects.bulk_create(
+            SelectorRound(queue=queue, started_at=now - timedelta(seconds=round_number),
+                          duration_ms=10, taken=1000, accounts=500,
+                          allocation={accounts[(round_number * 500 + n) % len(accounts)]: 2
+                                      for n in range(500)})
+            for round_number in range(20))
+        second = queries.accounts_page(queue, {"sort": "share"}, now).next_query
+        log(f"accounts by share: 20 rounds over {min(len(accounts), 10_000):,} accounts")
+        base = f"/queues/{queue.key}/accounts/"
+        _time_pages(report, client, [
+            ("accounts by share of service (20 rounds of 1,000 items)", f"{base}?sort=share", {}),
+            ("accounts by share of service, page 2 (keyset)", f"{base}?{second}", {})],
+            requests, log)
+        transaction.set_rollback(True)
 
 
 def _time_busy_overview(report: Report, client, requests: int, log):
