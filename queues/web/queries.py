@@ -665,13 +665,15 @@ def accounts_by_share(queue: Queue, served: Counter, after: tuple | None,
         page = [(n, account) for account, n in sorted(served.items(), key=lambda e: (-e[1], e[0]))
                 if most is None or (-n, account) > (-most, last)][:limit]
         last = ""
-    if len(page) < limit:
-        # One scan long enough to step over every served account past the position: they are
-        # few (20 rounds' worth) and listed above.
-        skipped = sum(1 for account in served if account > last)
-        unserved = [account for account in accounts_with_backlog(queue, last, limit + skipped)
-                    if account not in served]
-        page += [(0, account) for account in unserved[:limit - len(page)]]
+    while len(page) < limit:
+        # Long enough to step over the served accounts past the position (few: 20 rounds'
+        # worth, and listed above); the loop covers a collation that orders them otherwise.
+        wanted = limit - len(page) + sum(1 for account in served if account > last)
+        scanned = accounts_with_backlog(queue, last, wanted)
+        page += [(0, account) for account in scanned if account not in served][:limit - len(page)]
+        if len(scanned) < wanted:
+            break
+        last = scanned[-1]
     return page
 
 
