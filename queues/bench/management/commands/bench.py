@@ -65,6 +65,8 @@ class Command(BaseCommand):
                               help="how long an idle queue is fed one item every 0.25 s")
         workload.add_argument("--drain-timeout", type=float, default=480,
                               help="seconds the kill drill may take to end every item")
+        workload.add_argument("--runs", type=int, default=3,
+                              help="interleaved runs of the default and the uncapped queue")
         peers = scenarios.add_parser(
             "peers", help="No-op and realistic work through QueueAdmin, bare django-q2, "
                           "procrastinate and django-tasks-db, interleaved (PostgreSQL).")
@@ -228,13 +230,14 @@ class Command(BaseCommand):
                 clusters=options["clusters"], bare_items=options["bare_items"],
                 timeout=options["timeout"], log=self.stdout.write)
         elif scenario == "workload":
-            if options["clusters"] < 2 or options["accounts"] < 1:
+            if options["clusters"] < 2 or min(options["accounts"], options["runs"]) < 1:
                 raise CommandError("--clusters must be at least 2 (one is killed), --accounts "
-                                   "at least 1")
+                                   "and --runs at least 1")
             report = bench_workload.run_workload(
                 items=options["items"], clusters=options["clusters"],
                 accounts=options["accounts"], trickle_seconds=options["trickle_seconds"],
-                drain_timeout=options["drain_timeout"], log=self.stdout.write)
+                drain_timeout=options["drain_timeout"], runs=options["runs"],
+                log=self.stdout.write)
         elif scenario == "peers":
             if connection.vendor != "postgresql":
                 raise CommandError("bench peers needs PostgreSQL: procrastinate runs on nothing "
