@@ -68,14 +68,25 @@ def test_force_login_is_not_throttled(role_client):
     assert role_client("Viewer").get("/").status_code == 200
 
 
-def test_behind_the_proxy_the_address_is_the_one_the_proxy_appended(settings, rf):
+def test_a_forwarded_for_header_names_no_address_even_in_production(settings, rf):
+    """uvicorn --proxy-headers puts a trusted proxy's client in REMOTE_ADDR; a header sent by a
+    client reaching the app directly would escape its lock or lock out the address it names."""
     from queues.web.security import client_ip
 
     request = rf.get("/", HTTP_X_FORWARDED_FOR="1.2.3.4, 203.0.113.7", REMOTE_ADDR="10.0.0.2")
-    settings.SECURE_PROXY_SSL_HEADER = None
-    assert client_ip(request) == "10.0.0.2"
-    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    assert client_ip(request) == "203.0.113.7"
+    for proxy_header in (None, ("HTTP_X_FORWARDED_PROTO", "https")):
+        settings.SECURE_PROXY_SSL_HEADER = proxy_header
+        assert client_ip(request) == "10.0.0.2"
+
+
+def test_a_spoofed_forwarded_for_does_not_lift_the_address_lock(client, settings):
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")  # as in production
+    for n in range(settings.AXES_FAILURE_LIMIT):
+        client.post("/accounts/login/", {"username": f"nobody-{n}", "password": "wrong"},
+                    REMOTE_ADDR="198.51.100.9", HTTP_X_FORWARDED_FOR=f"10.9.{n}.1")
+    response = client.post("/accounts/login/", {"username": "other", "password": "wrong"},
+                           REMOTE_ADDR="198.51.100.9", HTTP_X_FORWARDED_FOR="10.9.99.1")
+    assert response.status_code == 429
 
 
 PRODUCTION_ENV = {

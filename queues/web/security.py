@@ -1,19 +1,13 @@
 """Request facts the security settings need that Django does not provide itself."""
 
-from django.conf import settings
 from django.utils.http import url_has_allowed_host_and_scheme
 
 
 def client_ip(request) -> str | None:
-    """The client's address for login throttling (django-axes). In production the app runs behind
-    the TLS proxy that settings already trust for X-Forwarded-Proto; that proxy appends the address
-    it saw as the last X-Forwarded-For entry, while earlier entries are whatever the client sent.
-    Without a proxy every client would share the proxy's address and lock each other out."""
-    if getattr(settings, "SECURE_PROXY_SSL_HEADER", None):
-        forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
-        last = forwarded.rsplit(",", 1)[-1].strip()
-        if last:
-            return last[:45]
+    """The client's address for login throttling (django-axes): the peer address, which uvicorn
+    (`--proxy-headers`) sets from X-Forwarded-For only when the peer is a proxy listed in
+    FORWARDED_ALLOW_IPS. Never the header itself: a client that reaches the app directly would
+    name any address in it, escaping its own lock or locking out someone else's."""
     return request.META.get("REMOTE_ADDR")
 
 
