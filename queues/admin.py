@@ -8,6 +8,8 @@ from django.db.models import Exists, OuterRef
 from django.forms.fields import InvalidJSONInput, JSONString
 from django.urls import reverse
 from django.utils.html import format_html
+from django_q.admin import ScheduleAdmin
+from django_q.models import Schedule
 
 from queues.engine import audit, handlers, strictjson
 from queues.models import AccountPolicy, DeadLetter, Item, Queue, canonical
@@ -168,8 +170,35 @@ admin.site.unregister(User)
 admin.site.unregister(Group)
 
 
+# Django's permission bits beyond the roles: an Admin who is not a superuser may not grant
+# them (to anyone, themselves included), or they could take what the Admin role withholds, such
+# as django-q2's models.
+PRIVILEGE_FIELDS = {User: ("is_superuser", "user_permissions"), Group: ("permissions",)}
+
+
+class RolesOnlyForAdmins:
+    """For a user who is not a superuser: the privilege fields read-only, and superusers' rows
+    (their password, second factor and roles) left alone."""
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = super().get_readonly_fields(request, obj)
+        if request.user.is_superuser:
+            return fields
+        return (*fields, *PRIVILEGE_FIELDS[self.model])
+
+    def has_change_permission(self, request, obj=None):
+        if getattr(obj, "is_superuser", False) and not request.user.is_superuser:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        if getattr(obj, "is_superuser", False) and not request.user.is_superuser:
+            return False
+        return super().has_delete_permission(request, obj)
+
+
 @admin.register(User)
-class AuditedUserAdmin(AuditedAdmin, UserAdmin):
+class AuditedUserAdmin(RolesOnlyForAdmins, AuditedAdmin, UserAdmin):
     """Also shows who has two-factor login on and lets an Admin reset it (the user then signs in
     with the password alone and may set up a new authenticator), when django-otp is installed."""
 
@@ -210,6 +239,8 @@ class AuditedUserAdmin(AuditedAdmin, UserAdmin):
     def reset_two_factor(self, request, queryset):
         from queues.engine import two_factor
 
+        if not request.user.is_superuser:
+            queryset = queryset.filter(is_superuser=False)
         users = [user for user in queryset if user.two_factor_on]
         for user in users:
             two_factor.remove(user, actor=request.user)
@@ -218,8 +249,26 @@ class AuditedUserAdmin(AuditedAdmin, UserAdmin):
 
 
 @admin.register(Group)
-class AuditedGroupAdmin(AuditedAdmin, GroupAdmin):
+class AuditedGroupAdmin(RolesOnlyForAdmins, AuditedAdmin, GroupAdmin):
     pass
+
+
+# A django-q2 schedule names any importable function for the workers to run, and its admin is
+# not audited: the product keeps its own schedules (queues.engine.schedules, rewritten at each
+# migrate), so here they are for reading only, superusers included.
+admin.site.unregister(Schedule)
+
+
+@admin.register(Schedule)
+class ReadOnlyScheduleAdmin(ScheduleAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 if two_factor_installed():

@@ -91,3 +91,71 @@ def test_an_account_policy_added_in_the_admin_names_the_account_as_items_store_i
 
     assert response.status_code == 302
     assert AccountPolicy.objects.get().account == "café"
+
+
+# --- users, roles and django-q2's schedules ---------------------------------------------------
+
+def user_form(user, **changes) -> dict:
+    return {"username": user.username, "first_name": "", "last_name": "", "email": "",
+            "is_active": "on", "is_staff": "", "groups": [g.pk for g in user.groups.all()],
+            "last_login_0": "", "last_login_1": "", "date_joined_0": "2026-01-01",
+            "date_joined_1": "00:00:00"} | changes
+
+
+def test_an_admin_cannot_make_anyone_superuser_or_grant_permissions(role_client):
+    """A superuser may edit django-q2's schedules, which name any function for the workers to
+    run: an Admin promoting themselves would take what the role withholds."""
+    from django.contrib.auth.models import Permission
+
+    client = role_client("Admin")
+    admin_user = client.user
+    permission = Permission.objects.get(codename="add_schedule")
+    response = client.post(f"/django-admin/auth/user/{admin_user.pk}/change/", user_form(
+        admin_user, is_superuser="on", user_permissions=[permission.pk]))
+    assert response.status_code == 302
+    admin_user.refresh_from_db()
+    assert not admin_user.is_superuser and not admin_user.user_permissions.exists()
+    assert client.get("/django-admin/django_q/schedule/add/").status_code == 403
+
+
+def test_an_admin_cannot_change_or_delete_a_superuser(role_client):
+    from django.contrib.auth.models import User
+
+    root = User.objects.create_superuser("root", password="root-pw-1-long-enough")
+    client = role_client("Admin")
+    assert client.get(f"/django-admin/auth/user/{root.pk}/change/").status_code == 200  # view
+    response = client.post(f"/django-admin/auth/user/{root.pk}/change/",
+                           user_form(root, is_active=""))
+    assert response.status_code == 403
+    assert client.post(f"/django-admin/auth/user/{root.pk}/password/", {
+        "password1": "taken-over-9-long", "password2": "taken-over-9-long"}).status_code == 403
+    assert client.post(f"/django-admin/auth/user/{root.pk}/delete/",
+                       {"post": "yes"}).status_code == 403
+    root.refresh_from_db()
+    assert root.is_active and root.check_password("root-pw-1-long-enough")
+
+
+def test_an_admin_cannot_grant_permissions_to_a_role(role_client):
+    from django.contrib.auth.models import Group, Permission
+
+    group = Group.objects.get(name="Viewer")
+    before = set(group.permissions.values_list("pk", flat=True))
+    permission = Permission.objects.get(codename="add_schedule")
+    role_client("Admin").post(f"/django-admin/auth/group/{group.pk}/change/", {
+        "name": "Viewer", "permissions": [*before, permission.pk]})
+    assert set(group.permissions.values_list("pk", flat=True)) == before
+
+
+def test_schedules_are_read_only_in_the_admin_even_for_a_superuser(client):
+    from django.contrib.auth.models import User
+    from django_q.models import Schedule
+
+    client.force_login(User.objects.create_superuser("root", password="root-pw-1-long-enough"))
+    schedule = Schedule.objects.first()
+    assert client.get("/django-admin/django_q/schedule/").status_code == 200
+    assert client.get("/django-admin/django_q/schedule/add/").status_code == 403
+    response = client.post(f"/django-admin/django_q/schedule/{schedule.pk}/change/", {
+        "name": schedule.name, "func": "os.system", "schedule_type": "I", "repeats": "-1"})
+    assert response.status_code == 403
+    schedule.refresh_from_db()
+    assert schedule.func != "os.system"
