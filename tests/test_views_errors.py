@@ -192,3 +192,21 @@ def test_without_history_the_page_says_so_instead_of_showing_no_failures(role_cl
     MetricHour.objects.create(queue=queue, start=this_hour())  # the rollup ran: no failures
     html = client.get("/queues/emails/errors/").content.decode()
     assert 'aria-label="No failures in 24 h"' in html and '<td class="num">0</td>' in html
+
+
+def test_a_typed_group_of_placeholders_side_by_side_answers_at_once(role_client, failing):
+    """On SQLite, Python's backtracking `re` tried every split of the digits among 12 `<n>`
+    in a row: minutes of a web process's only thread for one request."""
+    import time
+
+    Item.objects.filter(queue=failing, identifier="t1").update(
+        last_error="HTTP " + "1" * 40 + " upstream said no")
+    started = time.perf_counter()
+    response = role_client("Viewer").get("/queues/emails/", {
+        "status": "failed", "group": "HTTP " + "<n>" * 12 + " x"})
+    assert response.status_code == 200
+    assert time.perf_counter() - started < 2
+    assert not response.context["page"].items
+    listing = role_client("Viewer").get("/queues/emails/", {
+        "status": "failed", "group": "HTTP <n> upstream said no"})
+    assert [i.identifier for i in listing.context["page"].items] == ["t1"]

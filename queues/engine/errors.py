@@ -11,6 +11,8 @@ failure history (queues.engine.history), which counts each group's failures per 
 import hashlib
 import re
 
+from queues.engine.db import is_postgres
+
 MESSAGE_LIMIT = 300
 # A generated id without dashes in the usual places ("s1a2ddad3-4", "req_8fK2pQ9x"): a token of 8
 # or more word characters with letters between its digits. Replacing only its digits would make
@@ -55,10 +57,15 @@ def group_key(kind: str, message: str) -> str:
 def group_pattern(message: str) -> str:
     """A regular expression matching the stored errors whose group is `message`: from the
     start of the error (leading blanks allowed), up to the end of its first line."""
+    # SQLite matches with Python's backtracking `re`: placeholders side by side ("<n><n>…", which
+    # anyone may type) over a long run of digits tried every split, and 12 froze a web process
+    # for minutes. An atomic group takes each placeholder's longest match once, as the
+    # normaliser did; PostgreSQL's engine does not backtrack and has no such group.
+    atomic = "(?>{})" if not is_postgres() else "{}"
     parts, end = [], 0
     for placeholder in _PLACEHOLDER.finditer(message):
         parts.append(_literal(message[end:placeholder.start()]))
-        parts.append(_PLACEHOLDERS[placeholder.group()])
+        parts.append(atomic.format(_PLACEHOLDERS[placeholder.group()]))
         end = placeholder.end()
     parts.append(_literal(message[end:]))
     return "^[ \t\r\n]*" + "".join(parts)
