@@ -50,6 +50,10 @@ MAX_ID = 2**63 - 1
 EARLIEST_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_TIME = datetime(2100, 1, 1, tzinfo=UTC)
 TIME_BOUNDS_TEXT = "must lie between 1970-01-01 and 2100-01-01 UTC"
+# The end of a bulk filter's range left open ("Last hour", "Any time", a From with no To): after
+# every time an item can hold, as the item list's open end, so that a range over the next-run
+# clock keeps the items due later, which the list shows.
+ANY_TIME_END = LATEST_TIME - timedelta(microseconds=1)
 PRINTABLE_TEXT = "must be printable text: no control characters, line or paragraph breaks"
 
 
@@ -722,6 +726,10 @@ class BulkOperation(models.Model):
     def any_time(self) -> bool:
         """Its range was chosen as "Any time" (or it is a selection of ids)."""
         return self.filter.get("created_from") == ANY_TIME_START.isoformat()
+
+    @property
+    def open_end(self) -> bool:
+        return self.filter.get("created_to") == ANY_TIME_END.isoformat()
 
     @property
     def finished(self) -> bool:

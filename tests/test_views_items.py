@@ -274,6 +274,30 @@ def test_retry_all_matching_opens_the_preview_of_exactly_this_list(role_client, 
     assert (preview.matching, preview.eligible, preview.filter.clock) == (3, 3, "finished")
 
 
+@pytest.mark.parametrize("query", [
+    {"period": "1h"},  # a preset: its end is open on the list, so in the bulk filter too
+    {},  # any time: due in hours is still "any time"
+    {"period": "custom", "created_from": (timezone.now() - timedelta(days=1)).strftime(
+        "%Y-%m-%dT%H:%M")},  # a From with no To
+])
+def test_cancel_all_matching_by_next_run_time_changes_every_item_the_list_counted(
+        role_client, queue, query):
+    """The list counted items due later on the next-run clock; the bulk filter closed its range
+    at now (or a minute after), and "Cancel all 753 matching" cancelled 522."""
+    now = timezone.now()
+    enqueued(queue, 2, prefix="due", run_at=now - timedelta(minutes=5))
+    enqueued(queue, 3, prefix="later", run_at=now + timedelta(hours=3))
+    client = role_client("Operator")
+    listing = client.get("/queues/emails/", {"status": ["queued", "retry"],
+                                             "clock": "next_run", **query})
+    assert listing.context["page"].total == "5"
+    bulk_page = client.get(f"/queues/emails/bulk/?{listing.context['cancel_query']}")
+    preview = bulk_page.context["preview"]
+    assert (preview.matching, preview.eligible) == (5, 5)
+    assert " to " not in re.sub(r"\s+", " ", bulk_page.content.decode()).split(
+        "items due to run")[1].split("as of")[0]
+
+
 def test_an_unfiltered_list_carries_every_item_to_the_bulk_preview(role_client, queue):
     items_in_status(queue, "failed", 2)
     enqueued(queue, 3)

@@ -406,7 +406,7 @@ def _bulk_filter(queue: Queue, document) -> bulk.BulkFilter:
         for name in sorted({"from", "to", "created_from", "created_to", "clock"} & set(document)):
             fields[name] = "a selection of ids takes no time range"
         statuses = statuses or list(Status.values)
-        start, end = bulk.selection_range(timezone.now())
+        start, end = bulk.selection_range()
     else:
         start, end, clock = _bulk_range(document, clock, fields)
     account = _text(document, "account", fields)

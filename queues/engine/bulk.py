@@ -19,7 +19,7 @@ import secrets
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.core import signing
 from django.db import IntegrityError, connection, transaction
@@ -33,6 +33,7 @@ from queues.conf import setting
 from queues.engine import audit, counters, lifecycle, payloads
 from queues.engine.errors import group_pattern
 from queues.models import (
+    ANY_TIME_END,
     ANY_TIME_START,
     LIVE_STATUSES,
     TIME_BOUNDS_TEXT,
@@ -139,10 +140,10 @@ def from_confirmation(frozen: str) -> Confirmed:
                         {"frozen": "not a preview's confirmation"}) from None
 
 
-def selection_range(now: datetime) -> tuple[datetime, datetime]:
-    """The time range of a selection of ids, which the operator did not choose by time: from
-    before any item to after every item enqueued so far (the preview freezes the snapshot)."""
-    return ANY_TIME_START, now + timedelta(minutes=1)
+def selection_range() -> tuple[datetime, datetime]:
+    """The time range of a selection of ids or of "Any time", which the operator did not choose
+    by time: every time an item can hold (the preview's snapshot still bounds it)."""
+    return ANY_TIME_START, ANY_TIME_END
 
 
 def max_items() -> int:
@@ -233,6 +234,11 @@ class BulkFilter:
     def any_time(self) -> bool:
         """Chosen as "Any time" or as a selection: the range only bounds it by the snapshot."""
         return self.created_from == ANY_TIME_START
+
+    @property
+    def open_end(self) -> bool:
+        """No end chosen ("Last hour", a From alone): every item from its start on."""
+        return self.created_to == ANY_TIME_END
 
     @property
     def clock_words(self) -> str:

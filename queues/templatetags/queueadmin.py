@@ -16,7 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from queues.engine import forecast
-from queues.models import Status
+from queues.models import ANY_TIME_END, ANY_TIME_START, Status
 
 register = template.Library()
 
@@ -104,7 +104,8 @@ def filter_words(data):
     lines = []
     for key, label in FILTER_WORDS.items():
         value = data.get(key)
-        if value in (None, "", [], ()):
+        # An end left open, or "Any time": no bound worth a line.
+        if value in (None, "", [], (), ANY_TIME_START.isoformat(), ANY_TIME_END.isoformat()):
             continue
         if key in ("created_from", "created_to", "snapshot_at"):
             shown = when(value)

@@ -19,6 +19,7 @@ from queues.engine.bulk import KINDS, MAX_SELECTION, selection_range
 from queues.engine.errors import MESSAGE_LIMIT
 from queues.engine.payloads import PayloadCondition
 from queues.models import (
+    ANY_TIME_END,
     FINISHED_STATUSES,
     MAX_ACCOUNT_LENGTH,
     MAX_ID,
@@ -200,9 +201,9 @@ class ItemFilterForm(TimeRangeForm, ItemFilters):
         if period in PERIODS:
             query["period"] = period
         elif data.get("created_from"):
-            end = data.get("created_to") or timezone.now()
-            query |= {"period": "custom",
-                      "created_from": _local(data["created_from"]), "created_to": _local(end)}
+            query |= {"period": "custom", "created_from": _local(data["created_from"])}
+            if data.get("created_to"):
+                query["created_to"] = _local(data["created_to"])
         else:
             query["period"] = "all"
         return urlencode({k: v for k, v in query.items() if v}, doseq=True)
@@ -288,7 +289,7 @@ class BulkForm(TimeRangeForm, ItemFilters):
         if data["ids"]:
             # A selection: every status, so the preview explains the ineligible ones.
             data["status"] = data.get("status") or list(Status.values)
-            data["created_from"], data["created_to"] = selection_range(timezone.now())
+            data["created_from"], data["created_to"] = selection_range()
             return data
         if not data.get("status") and kind in ("retry", "cancel"):
             self.add_error("status", "Choose at least one status.")
@@ -299,20 +300,24 @@ class BulkForm(TimeRangeForm, ItemFilters):
             self.add_error("period", "Choose From / to to use the dates you typed, or clear "
                                      "them.")
         elif period in PERIODS:
-            data["created_to"] = timezone.now()
-            data["created_from"] = data["created_to"] - PERIODS[period]
+            # Open-ended, as on the item list: "Last hour" over the next-run clock keeps the
+            # items due later, which the list counted in its "all N matching".
+            data["created_from"] = timezone.now() - PERIODS[period]
+            data["created_to"] = ANY_TIME_END
+            return data
         elif period == "custom":
-            for name in ("created_from", "created_to"):
-                # A date that could not be read has said why already.
-                if not data.get(name) and name not in self.errors:
-                    self.add_error(name, "Required for a custom range.")
+            # A date that could not be read has said why already. No To: from From on.
+            if not data.get("created_from") and "created_from" not in self.errors:
+                self.add_error("created_from", "Required for a custom range.")
         elif period == "all":
             # Every item so far; the preview's snapshot and the operation limit still bound it.
-            data["created_from"], data["created_to"] = selection_range(timezone.now())
+            data["created_from"], data["created_to"] = selection_range()
             return data
         else:
             self.add_error("period", "Choose a time range.")
         check_range(self, data.get("created_from"), data.get("created_to"))
+        if not self.errors and data.get("created_to") is None:
+            data["created_to"] = ANY_TIME_END
         return data
 
     def _selected_ids(self) -> list[int]:
