@@ -289,6 +289,10 @@ class Item(models.Model):
                 condition=Q(status__in=READY_STATUSES),
                 name="item_ready_idx",
             ),
+            # The oldest wait (overview, /metrics, its alert): a queue's ready items by their
+            # not-before time (migration 0035).
+            models.Index(fields=["queue", "run_at"], condition=Q(status__in=READY_STATUSES),
+                         name="item_ready_due_idx"),
             # Item browser and bulk operations: one queue, some statuses, an enqueue time range,
             # walked by keyset on (created_at, id).
             models.Index(fields=["queue", "status", "created_at", "id"], name="item_browse_idx"),

@@ -173,7 +173,8 @@ def test_oldest_wait_fires_for_a_due_item_waiting_past_the_threshold(queue):
     [item] = items_in_status(queue, "queued", 1)
     alerts.evaluate()
     assert not AlertFiring.objects.filter(rule__kind="oldest_wait").exists()
-    Item.objects.filter(pk=item.pk).update(created_at=timezone.now() - timedelta(hours=2))
+    two_hours_ago = timezone.now() - timedelta(hours=2)
+    Item.objects.filter(pk=item.pk).update(created_at=two_hours_ago, run_at=two_hours_ago)
     alerts.evaluate()
     assert AlertFiring.objects.get(rule__kind="oldest_wait").summary.startswith("oldest wait 2")
 

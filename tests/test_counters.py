@@ -262,3 +262,47 @@ def test_past_a_long_paused_head_oldest_waiting_reads_the_sweepers_account_figur
     account_stats.refresh(queue, now)
 
     assert counters.oldest_waiting([queue.pk], now)[queue.pk] == now - timedelta(minutes=3)
+
+
+def test_oldest_waiting_counts_from_when_an_item_came_due_not_from_its_enqueue(queue):
+    """An item enqueued with a 3 h delay, due 4 s ago, has waited 4 s: counted from its enqueue
+    it fired the oldest-wait alert the moment it came due."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queues.models import Item
+    now = timezone.now()
+    [delayed] = enqueued(queue, 1, prefix="delayed")
+    Item.objects.filter(pk=delayed.pk).update(created_at=now - timedelta(hours=3),
+                                              run_at=now - timedelta(seconds=4))
+    assert counters.oldest_waiting([queue.pk], now)[queue.pk] == now - timedelta(seconds=4)
+
+
+def test_oldest_waiting_counts_retries_that_are_due(queue):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queues.models import Item
+    now = timezone.now()
+    [retry] = items_in_status(queue, "retry", 1)
+    Item.objects.filter(pk=retry.pk).update(created_at=now - timedelta(hours=2),
+                                            run_at=now - timedelta(minutes=1))
+    assert counters.oldest_waiting([queue.pk], now)[queue.pk] == now - timedelta(minutes=1)
+
+
+def test_oldest_waiting_looks_past_a_backdated_item_to_the_longest_wait(queue):
+    """Not-before before the enqueue: due since its enqueue. Read by not-before time it comes
+    first, though an item due for two hours has waited longer."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queues.models import Item
+    now = timezone.now()
+    [backdated] = enqueued(queue, 1, prefix="backdated")
+    Item.objects.filter(pk=backdated.pk).update(created_at=now - timedelta(seconds=1),
+                                                run_at=now - timedelta(days=300))
+    age_items(enqueued(queue, 1, prefix="waiting"), now - timedelta(hours=2))
+    assert counters.oldest_waiting([queue.pk], now)[queue.pk] == now - timedelta(hours=2)

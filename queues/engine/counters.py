@@ -9,10 +9,11 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from django.db import connection, transaction
-from django.db.models import Count, Exists, OuterRef, Subquery, Sum
+from django.db.models import Count, Sum
 
-from queues.engine.db import from_db_datetime, to_db_datetime
+from queues.engine.db import from_db_datetime, is_postgres, to_db_datetime
 from queues.models import (
+    READY_STATUSES,
     AccountPolicy,
     AccountStat,
     CounterDelta,
@@ -27,6 +28,8 @@ OUTCOME_STATUSES = (Status.COMPLETE, Status.RETRY, Status.FAILED, Status.CANCELL
 ROLLUP_BATCH = 10_000
 # Due items oldest_waiting reads past a paused account's before it trusts the sweeper's figures.
 PAUSED_HEAD_WALK = 500
+# Due items oldest_waiting reads to look past backdated ones (not-before before their enqueue).
+HEAD_WALK = 50
 
 
 def record(deltas: Mapping[tuple[int, str], int], now: datetime):
@@ -164,42 +167,56 @@ def in_flight_sql() -> str:
 
 
 def oldest_waiting(ids: list[int], now: datetime) -> dict[int, datetime | None]:
-    """Enqueue time of each queue's oldest due queued item that the selector would dispatch:
-    the head of the (queue, status, created_at) index, one correlated subquery per queue. Items
-    of a paused account are held on purpose, so they do not make their queue look stuck."""
-    rows = Queue.objects.filter(pk__in=ids).annotate(
-        oldest=Subquery(
-            Item.objects.filter(queue=OuterRef("pk"), status=Status.QUEUED, run_at__lte=now)
-            .order_by("created_at").values("created_at")[:1]),
-        any_paused=Exists(AccountPolicy.objects.filter(queue=OuterRef("pk"), paused=True)),
-    ).values_list("pk", "oldest", "any_paused")
+    """When each queue's longest-waiting ready item (queued or retry, due now) became due: the
+    later of its enqueue and its not-before time, so an item enqueued with a delay, or a retry,
+    has waited since it was due, not since it was enqueued. Read from the first HEAD_WALK due
+    items of the (queue, run_at) ready index, one statement for every queue: the earliest
+    not-before time is the wait of every item but a backdated one (not-before before its
+    enqueue), which the walk looks past. Items of a paused account are held on purpose, so
+    they do not make their queue look stuck."""
+    if not ids:
+        return {}
+    ready = ", ".join(f"'{status}'" for status in READY_STATUSES)
+    later = "GREATEST" if is_postgres() else "MAX"
+    # The queue's own key is a literal so that the planner reads the index per queue.
+    heads = (f"SELECT MIN({later}(h.created_at, h.run_at)) FROM (SELECT created_at, run_at "
+             f"FROM {Item._meta.db_table} i WHERE i.queue_id = q.id AND i.status IN ({ready}) "
+             f"AND i.run_at <= %s ORDER BY i.run_at LIMIT {HEAD_WALK}) h")
+    paused = (f"EXISTS (SELECT 1 FROM {AccountPolicy._meta.db_table} p "
+              f"WHERE p.queue_id = q.id AND p.paused)")
+    placeholders = ", ".join(["%s"] * len(ids))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT q.id, ({heads}), {paused} FROM {Queue._meta.db_table} q "
+                       f"WHERE q.id IN ({placeholders})", [to_db_datetime(now), *ids])
+        rows = cursor.fetchall()
     oldest, holding = {}, []
-    for pk, created, any_paused in rows:
-        oldest[pk] = created
-        if created and any_paused:
+    for pk, since, any_paused in rows:
+        oldest[pk] = from_db_datetime(since)
+        if since and any_paused:
             holding.append(pk)
     # A second read only where an account is paused: the overview and /metrics keep their count.
-    paused = defaultdict(set)
+    paused_accounts = defaultdict(set)
     if holding:
         for queue_id, account in AccountPolicy.objects.filter(
                 queue_id__in=holding, paused=True).values_list("queue_id", "account"):
-            paused[queue_id].add(account)
-    for queue_id, accounts in paused.items():
+            paused_accounts[queue_id].add(account)
+    for queue_id, accounts in paused_accounts.items():
         oldest[queue_id] = _oldest_unpaused(queue_id, accounts, now)
     return oldest
 
 
 def _oldest_unpaused(queue_id: int, paused: set[str], now: datetime) -> datetime | None:
-    """The oldest due item outside the paused accounts, read from the first PAUSED_HEAD_WALK
+    """The oldest wait outside the paused accounts, read from the first PAUSED_HEAD_WALK due
     items of the index. Skipping a paused account's items one by one could walk millions, so
     past that the sweeper's per-account figures (up to one run old) give the due time."""
-    heads = list(Item.objects.filter(queue_id=queue_id, status=Status.QUEUED, run_at__lte=now)
-                 .order_by("created_at").values_list("created_at", "account")[:PAUSED_HEAD_WALK])
-    for created, account in heads:
-        if account not in paused:
-            return created
-    if len(heads) < PAUSED_HEAD_WALK:
-        return None
+    heads = list(Item.objects.filter(queue_id=queue_id, status__in=READY_STATUSES,
+                                     run_at__lte=now)
+                 .order_by("run_at").values_list("created_at", "run_at", "account")
+                 [:PAUSED_HEAD_WALK])
+    waits = [max(created, run_at) for created, run_at, account in heads
+             if account not in paused]
+    if waits or len(heads) < PAUSED_HEAD_WALK:
+        return min(waits, default=None)
     return (AccountStat.objects.filter(queue_id=queue_id, first_due__lte=now)
             .exclude(account__in=paused).order_by("first_due", "account")
             .values_list("first_due", flat=True).first())

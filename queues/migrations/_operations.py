@@ -36,6 +36,23 @@ class AddIndexConcurrentlyOnPostgres(AddIndex):
                                    create=False)
 
 
+class AddIndexConcurrently(AddIndexConcurrentlyOnPostgres):
+    """Built concurrently on PostgreSQL, as above, and the plain way elsewhere (SQLite's
+    tables are small enough to lock for the build)."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+        else:
+            AddIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            super().database_backwards(app_label, schema_editor, from_state, to_state)
+        else:
+            AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
 class RemoveIndexConcurrentlyOnPostgres(RemoveIndex):
     """The reverse of AddIndexConcurrentlyOnPostgres: DROP INDEX CONCURRENTLY waits for the
     queries using the index instead of locking writers out of the table."""

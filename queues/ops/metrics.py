@@ -116,7 +116,9 @@ class QueueAdminCollector:
             dead.add_metric([keys[queue_id]], counts[Status.FAILED])
         oldest = GaugeMetricFamily(
             "queueadmin_oldest_ready_age_seconds",
-            "Age of the oldest queued item that is due, by enqueue time (0 when none).",
+            "How long the longest-waiting ready item (queued or retry) has been due: since the "
+            "later of its enqueue and its not-before time, paused accounts left out (0 when "
+            "none).",
             labels=["queue"])
         for queue_id, created in counters.oldest_waiting(list(keys), now).items():
             oldest.add_metric([keys[queue_id]],
