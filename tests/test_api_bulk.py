@@ -276,6 +276,28 @@ def test_a_token_acts_only_within_its_scopes(client, queue):
     assert not BulkOperation.objects.exists() and not Queue.objects.get(key="emails").paused
 
 
+def test_a_purge_only_token_reads_no_item_or_queue_and_follows_only_purges(client, queue):
+    """Reading comes with enqueue or operate: a purge-only token read unmasked payloads."""
+    [item] = items_in_status(queue, "failed", 1)
+    operations = {kind: BulkOperation.objects.create(
+        queue=queue, kind=kind, filter={}, state="done", actor_name="ops", expected=0,
+        created_at=timezone.now()) for kind in
+        ("purge", "retry")}
+
+    def get(scopes, path):
+        secret = tokens.create(f"r-{'-'.join(scopes)}", queue_keys=["emails"],
+                               scopes=scopes)[1]
+        return client.get(f"/api/v1{path}", HTTP_AUTHORIZATION=f"Bearer {secret}").status_code
+
+    for path in (f"/items/{item.pk}", "/queues"):
+        assert get(["purge"], path) == 403
+        assert get(["enqueue"], path) == 200 and get(["operate"], path) == 200
+    assert get(["purge"], f"/bulk/{operations['purge'].pk}") == 200
+    assert get(["purge"], f"/bulk/{operations['retry'].pk}") == 403
+    assert get(["operate"], f"/bulk/{operations['retry'].pk}") == 200
+    assert get(["operate"], f"/bulk/{operations['purge'].pk}") == 403
+
+
 def test_tokens_made_before_scopes_keep_enqueue_and_operate_and_are_flagged():
     import importlib
 

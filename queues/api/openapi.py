@@ -52,9 +52,10 @@ COMMON_ERRORS = {
     "404": _error("No such queue, item or operation for this token, or a path the API does "
                   "not have (a JSON 404, never an HTML page)."),
     "403": _error("The token's scopes do not include this action (enqueue; operate: bulk "
-                  "retry, cancel, replay, pause; purge), or pausing every queue without a token "
-                  "for all queues. A queue, item or operation outside the token's queues answers "
-                  "404, exactly like one that does not exist."),
+                  "retry, cancel, replay, pause; purge; reading items and queues needs enqueue "
+                  "or operate, a bulk operation the scope that starts its kind), or pausing "
+                  "every queue without a token for all queues. A queue, item or operation outside "
+                  "the token's queues answers 404, exactly like one that does not exist."),
     "405": _error("Method not allowed."),
     "503": _error("The database is unavailable; retry after the Retry-After seconds."),
 }

@@ -311,8 +311,17 @@ def enqueue(request, key):
     }, status=status)
 
 
+def _require_reading(token):
+    """Items and queues are read with enqueue or operate; a purge-only token deletes dead
+    letters it is told of and reads nothing, as its holder may not see payloads."""
+    if not (tokens.may(token, tokens.ENQUEUE) or tokens.may(token, tokens.OPERATE)):
+        raise ApiError(403, "forbidden", f"this token's scopes ({', '.join(token.scopes)}) do not "
+                                         "include enqueue or operate, which reading needs")
+
+
 @api_view("GET")
 def item_detail(request, item_id):
+    _require_reading(request.token)
     item = Item.objects.select_related("queue").filter(pk=item_id).first()
     if item is None or not tokens.allows(request.token, item.queue_id):
         raise ApiError(404, "not_found", f"there is no item {item_id}")
@@ -321,6 +330,7 @@ def item_detail(request, item_id):
 
 @api_view("GET")
 def queue_list(request):
+    _require_reading(request.token)
     queues = Queue.objects.order_by("key")
     allowed = tokens.queue_ids(request.token)
     if allowed is not None:
@@ -493,7 +503,9 @@ def _operation_for(token, pk: int) -> BulkOperation:
 
 @api_view("GET")
 def bulk_detail(request, pk):
-    return json_response(operation_json(_operation_for(request.token, pk)))
+    operation = _operation_for(request.token, pk)
+    _require(request.token, _bulk_scope(operation.kind))  # the scope that could start it
+    return json_response(operation_json(operation))
 
 
 @api_view("POST")

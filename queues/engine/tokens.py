@@ -13,7 +13,8 @@ from queues.engine import audit
 from queues.models import ApiToken, Queue, is_queue_key, printable
 
 # What a token may do: enqueue (and read items and queues), operate (bulk retry, cancel and
-# replay; pause and resume), purge (delete failed items for good). A token holds the least it needs.
+# replay; pause and resume; reading too), purge (delete failed items for good, and follow the
+# purges it starts; nothing else). A token holds the least it needs.
 ENQUEUE, OPERATE, PURGE = "enqueue", "operate", "purge"
 SCOPES = (ENQUEUE, OPERATE, PURGE)
 TOKEN_PREFIX = "qa_"  # noqa: S105 (a marker that lets secret scanners spot leaked tokens)
