@@ -816,3 +816,35 @@ def test_a_poll_past_the_row_cap_shows_the_newest_rows_and_counts_the_others(que
     assert all(f"burst-{i:02d}" in listed for i in range(3))
     after = client.get(f"/queues/emails/stream/rows/?after={position}")["X-Stream-Position"]
     assert Cursor.parse(after).last == newest
+
+
+def test_an_open_stream_ends_when_its_reader_signs_out_or_loses_the_role(queue, monkeypatch):
+    """The role was checked once, at the open: a stream kept showing new items after its
+    reader logged out or was deactivated."""
+    from django.contrib.auth.models import Group
+
+    monkeypatch.setattr(stream_views, "ACCESS_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(stream_views, "HEARTBEAT_SECONDS", 0.1)
+    user = viewer()
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(user)
+        opened = await open_stream(client, "/stream/events/")
+        await opened.next()
+        assert (await opened.next(timeout=2)) == {"comment": "heartbeat"}
+        await sync_to_async(user.groups.remove)(await Group.objects.aget(name="Viewer"))
+        while (message := await opened.next(timeout=2)).get("event") != "ended":
+            assert message == {"comment": "heartbeat"}
+        assert "Signed out" in message["data"]
+        await opened.close()
+
+        await sync_to_async(user.groups.add)(await Group.objects.aget(name="Viewer"))
+        second = await open_stream(client, "/stream/events/")
+        await second.next()
+        await client.alogout()
+        while (message := await second.next(timeout=2)).get("event") != "ended":
+            pass
+        await second.close()
+
+    run(scenario)

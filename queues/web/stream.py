@@ -14,10 +14,14 @@ import time
 import zoneinfo
 from collections import Counter, OrderedDict
 from datetime import timedelta
+from importlib import import_module
 from urllib.parse import urlencode
 
 from asgiref.sync import sync_to_async
 from django import forms
+from django.conf import settings
+from django.contrib.auth import SESSION_KEY as SESSION_USER_KEY
+from django.contrib.auth import get_user_model
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
@@ -37,6 +41,9 @@ from queues.web.forms import CanonicalField
 from queues.web.middleware import SESSION_KEY
 
 HEARTBEAT_SECONDS = 15.0  # a comment line this often keeps proxies from closing an idle stream
+# An open stream asks this often whether its reader is still signed in and still a Viewer: a
+# logout, an expired session, a deactivation or a role taken away ends it.
+ACCESS_CHECK_SECONDS = 15.0
 MAX_STREAMS_PER_USER = 6  # a few tabs; more is a leak or abuse, and each holds a socket
 RECONNECT_MILLISECONDS = 2000
 POSITION_EVERY_SECONDS = 1.0  # position-only messages when a filter hides every new event
@@ -235,13 +242,15 @@ async def stream_events(request, key=None):
     # The request's thread took a database connection for the session and user; hand it back
     # now, or every open stream would hold one (the web process's pool has 20).
     await sync_to_async(stream.close_connection)()
-    events = _event_stream(user.pk, form.filters(queue), page, queue_keys, key, time_zone)
+    events = _event_stream(user.pk, form.filters(queue), page, queue_keys, key, time_zone,
+                           request.session.session_key)
     return StreamingHttpResponse(events, content_type="text/event-stream", headers={
         "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _event_stream(user_id: int, filters: Filters, page: Cursor | None,
-                        queue_keys: dict[int, str], queue_key: str | None, time_zone: str):
+                        queue_keys: dict[int, str], queue_key: str | None, time_zone: str,
+                        session_key: str | None):
     show_queue = queue_key is None
     rows_per_second = setting("STREAM_ROWS_PER_SECOND")
     hub = stream.hub()
@@ -276,9 +285,14 @@ async def _event_stream(user_id: int, filters: Filters, page: Cursor | None,
         yield f"retry: {RECONNECT_MILLISECONDS}\n\n"
         yield _sse("rows", await rows(events, summary, AWAY_SPAN), position)
         cap = stream.RowCap(position, filters, rows_per_second)
-        last_sent = time.monotonic()
+        last_sent = last_checked = time.monotonic()
         sent_position = position
         while True:
+            if time.monotonic() - last_checked >= ACCESS_CHECK_SECONDS:
+                if not await read(_still_allowed, user_id, session_key):
+                    yield _sse("ended", "Signed out: the stream has ended.")
+                    return
+                last_checked = time.monotonic()
             try:
                 batches = await subscription.next(cap.wait(HEARTBEAT_SECONDS))
             except stream.Overflow:
@@ -301,6 +315,17 @@ async def _event_stream(user_id: int, filters: Filters, page: Cursor | None,
     finally:
         hub.unsubscribe(subscription)
         stream.slots.release(user_id)
+
+
+def _still_allowed(user_id: int, session_key: str | None) -> bool:
+    """The reader's session still signs this user in (not logged out, not expired), and the
+    user is still active with the Viewer role or above."""
+    engine = import_module(settings.SESSION_ENGINE)
+    data = engine.SessionStore(session_key).load() if session_key else {}
+    if str(data.get(SESSION_USER_KEY)) != str(user_id):
+        return False
+    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+    return user is not None and has_role(user, VIEWER)
 
 
 def _read_and_close(function, *args):

@@ -100,6 +100,12 @@
     source.addEventListener("rows", function (event) { receive(event.data, event.lastEventId); });
     source.addEventListener("position", function (event) { table.dataset.position = event.data; });
     source.addEventListener("notice", function (event) { showNotice(event.data); });
+    // The server ended the stream for good (signed out): reconnecting would only be refused.
+    source.addEventListener("ended", function (event) {
+      source.close();
+      showNotice(event.data);
+      setConnection("offline", "Ended: sign in again");
+    });
     source.addEventListener("error", function () {
       // Reconnect ourselves, so that the URL carries the position the page has now.
       source.close();
