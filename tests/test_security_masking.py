@@ -49,3 +49,27 @@ def test_sensitive_keys_are_matched_by_meaning_not_exact_name(key):
                           ["password", "secret", "token", "api_key", "authorization"])
     assert masked[key] == MASK and masked["note"]["nested_apiKey"] == MASK
     assert masked["name"] == "ada"
+
+
+@pytest.mark.parametrize("path", ["/queues/mail/", "/queues/mail/export.csv"])
+def test_a_viewer_cannot_filter_by_a_masked_value_to_confirm_it(role_client, item, path):
+    """Filtering `password = guess` answered whether the guess was right, one request each."""
+    for guess in ("wrong", "hunter2-secret"):
+        response = role_client("Viewer").get(path, {"payload": f"Password = {guess}"})
+        assert response.status_code == 400
+        assert "sensitive keys" in response.content.decode()
+    listing = role_client("Operator").get("/queues/mail/", {"payload": "Password = hunter2-secret"})
+    assert [i.identifier for i in listing.context["page"].items] == ["m-1"]
+
+
+def test_the_audit_log_masks_a_sensitive_payload_filter_for_viewers(role_client, item):
+    from queues.engine import audit
+
+    audit.record("ops", "bulk.cancel", queue_key="mail", target="bulk operation 1",
+                 filter={"payload": 'password = "hunter2-secret"', "account": "acme"})
+    for path in ("/audit/", "/audit/export/"):
+        viewer = role_client("Viewer").get(path).content.decode() if path == "/audit/" else (
+            b"".join(role_client("Viewer").get(path).streaming_content).decode())
+        assert "hunter2-secret" not in viewer and MASK in viewer, path
+    operator = role_client("Operator").get("/audit/").content.decode()
+    assert "hunter2-secret" in operator

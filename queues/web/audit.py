@@ -8,8 +8,9 @@ from django import forms
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from queues.models import AuditEntry
-from queues.permissions import render_page, viewer_required
+from queues.models import AuditEntry, Queue
+from queues.permissions import can_operate, render_page, viewer_required
+from queues.web import masking
 from queues.web.export import Echo, csv_cell, streaming
 from queues.web.forms import DATETIME_LOCAL, check_range
 
@@ -61,12 +62,24 @@ def audit_log(request):
     if form.cleaned_data["before"]:
         entries = entries.filter(id__lt=form.cleaned_data["before"])
     page = list(entries[:LIST_SIZE + 1])
+    mask = _filter_masker(request.user)
+    for entry in page:
+        entry.filter = mask(entry)
     return render_page(request, "queues/audit.html", {
         "entries": page[:LIST_SIZE], "form": form,
         "next_before": page[LIST_SIZE - 1].pk if len(page) > LIST_SIZE else None})
 
 
-def _rows(entries):
+def _filter_masker(user):
+    """entry -> its filter as this user may read it: payload values of sensitive keys masked
+    for Viewers, by the sensitive keys of the entry's queue."""
+    if can_operate(user):
+        return lambda entry: entry.filter
+    sensitive = dict(Queue.objects.values_list("key", "sensitive_keys"))
+    return lambda entry: masking.mask_filter(entry.filter, sensitive.get(entry.queue_key))
+
+
+def _rows(entries, mask):
     writer = csv.writer(Echo())
     yield writer.writerow(["id", "at", "actor", "action", "queue", "target", "filter", "counts"])
     sent, before = 0, None
@@ -79,7 +92,7 @@ def _rows(entries):
         for entry in chunk:
             yield writer.writerow([entry.pk, entry.at.isoformat(), csv_cell(entry.actor_name),
                                    csv_cell(entry.action), csv_cell(entry.queue_key),
-                                   csv_cell(entry.target), csv_cell(entry.filter),
+                                   csv_cell(entry.target), csv_cell(mask(entry)),
                                    csv_cell(entry.counts)])
         if len(chunk) < wanted:
             return
@@ -95,7 +108,8 @@ def audit_export(request):
     form = AuditFilterForm(request.GET)
     if not form.is_valid():
         return render_page(request, "queues/audit.html", {"form": form, "entries": []}, status=400)
-    response = streaming(request, _rows(form.entries()), content_type="text/csv")
+    response = streaming(request, _rows(form.entries(), _filter_masker(request.user)),
+                         content_type="text/csv")
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.csv"'
     return response

@@ -33,6 +33,7 @@ from queues.models import (
     time_in_bounds,
     validate_printable,
 )
+from queues.web import masking
 from queues.web.queries import ACCOUNT_ORDERS, list_order, parse_account_cursor, parse_cursor
 
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
@@ -134,14 +135,24 @@ class ItemFilters(forms.Form):
                                         "billing.tasks.send_invoice.")
         return task
 
+    def __init__(self, *args, masked_keys=(), **kwargs):
+        """`masked_keys`: the queue's sensitive keys when the reader sees them masked."""
+        super().__init__(*args, **kwargs)
+        self.masked_keys = masked_keys
+
     def clean_payload(self) -> PayloadCondition | None:
         text = self.cleaned_data["payload"]
         if not text.strip():
             return None
         try:
-            return payloads.parse(text)
+            condition = payloads.parse(text)
         except payloads.PayloadFilterError as error:
             raise forms.ValidationError(str(error).capitalize() + ".") from None
+        # A filter on a masked value would confirm it, one guess a request.
+        if any(masking.is_sensitive(key, self.masked_keys) for key in condition.path):
+            raise forms.ValidationError("That field is one of this queue's sensitive keys, "
+                                        "masked for Viewers: only Operators filter by it.")
+        return condition
 
 
 class ItemFilterForm(TimeRangeForm, ItemFilters):

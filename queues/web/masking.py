@@ -5,6 +5,7 @@ key containing a sensitive name counts ("db_password", "apiKey", "X-Auth-Token")
 
 import re
 
+from queues.engine import payloads
 from queues.permissions import can_operate
 
 MASK = "••••••"
@@ -26,6 +27,31 @@ def mask_payload(value, sensitive_keys):
 def _sensitive(key, names: set[str]) -> bool:
     key = normalised_key(key)
     return any(name in key for name in names)
+
+
+def is_sensitive(key, sensitive_keys) -> bool:
+    """Whether a payload key names one of the sensitive keys, by meaning (as masking reads it)."""
+    return _sensitive(key, {normalised_key(name) for name in sensitive_keys or ()} - {""})
+
+
+def mask_filter(stored: dict, sensitive_keys) -> dict:
+    """An audit entry's filter with its payload condition's value masked when the path names a
+    sensitive key: the log is read by Viewers, and the value is what the operator typed."""
+    text = (stored or {}).get("payload")
+    if not text:
+        return stored
+    try:
+        path = payloads.parse(text).path
+    except payloads.PayloadFilterError:
+        return stored
+    if not any(is_sensitive(key, sensitive_keys) for key in path):
+        return stored
+    return {**stored, "payload": f"{'.'.join(path)} = {MASK}"}
+
+
+def masked_keys(user, queue) -> list[str]:
+    """The queue's sensitive keys if this user sees them masked, else none."""
+    return [] if can_operate(user) else list(queue.sensitive_keys or ())
 
 
 def _mask(value, names: set[str]):

@@ -71,7 +71,7 @@ def overview(request):
 @vary_on_headers("HX-Request")
 def queue_items(request, key):
     queue = get_object_or_404(Queue, key=key)
-    form = ItemFilterForm(request.GET)
+    form = ItemFilterForm(request.GET, masked_keys=masking.masked_keys(request.user, queue))
     now = timezone.now()
     page = queries.item_page(queue, form.cleaned_data, now) if form.is_valid() else None
     context = {"queue": queue, "form": form, "page": page, "now": now}
@@ -263,7 +263,7 @@ def preferences(request):
 def queue_export(request, key, fmt):
     """The item browser's filter as a download; Viewers get sensitive payload keys masked."""
     queue = get_object_or_404(Queue, key=key)
-    form = ItemFilterForm(request.GET)
+    form = ItemFilterForm(request.GET, masked_keys=masking.masked_keys(request.user, queue))
     if not form.is_valid():
         return render_page(request, "queues/items.html", {
             "queue": queue, "form": form, "page": None, "now": timezone.now(),
