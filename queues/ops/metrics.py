@@ -147,16 +147,19 @@ class QueueAdminCollector:
         return [quantiles, rounds]
 
     def _outcomes(self, keys: dict[int, str], now: datetime):
-        """Items entering each outcome status in the last 5 minutes: the rolled-up minutes plus
-        the deltas the sweeper has not folded yet. A retry includes attempts lost with their
-        worker."""
-        since = now.replace(second=0, microsecond=0) - WINDOW
+        """Items entering each outcome status in the 5 whole minutes before the current one: the
+        rolled-up minutes plus the deltas the sweeper has not folded yet. Counts are kept per
+        minute, so the minute under way is left out rather than making a window of 5 to 6
+        minutes. A retry includes attempts lost with their worker."""
+        current = now.replace(second=0, microsecond=0)
         totals: Counter = Counter()
-        for queue_id, _, status, n in counters.outcome_rows(since, OUTCOMES):
-            totals[(queue_id, status)] += n
+        for queue_id, minute, status, n in counters.outcome_rows(current - WINDOW, OUTCOMES):
+            if minute < current:
+                totals[(queue_id, status)] += n
         family = GaugeMetricFamily("queueadmin_outcomes_last_5m",
                                    "Attempt outcomes (items entering complete, retry, failed "
-                                   "or cancelled) in the last 5 minutes.",
+                                   "or cancelled) in the 5 whole minutes before the current "
+                                   "one.",
                                    labels=["queue", "outcome"])
         for queue_id, key in keys.items():
             for status in OUTCOMES:
