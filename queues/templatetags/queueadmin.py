@@ -200,7 +200,8 @@ def percent(fraction: float) -> str:
 
 @register.simple_tag
 def outcome_chart(completed: list[int], failed: list[int], label: str):
-    """Per-minute bars (completed up, failed down) as inline SVG: no script, no library."""
+    """Per-minute bars (completed up, failed attempts down: retried or failed for good) as
+    inline SVG: no script, no library."""
     width, height, bar = 180, 40, 3
     top = max([*completed, *failed, 1])
     half = height / 2
@@ -211,7 +212,8 @@ def outcome_chart(completed: list[int], failed: list[int], label: str):
                        for i, n in enumerate(series) if n)
 
     summary = html.escape(
-        f"{label}: {sum(completed):,} completed and {sum(failed):,} failed in the last hour")
+        f"{label}: {sum(completed):,} completed and {sum(failed):,} failed attempts (retried "
+        f"or failed for good) in the last hour")
     # Built with str.format, the label escaped by hand and the rest numbers and fixed classes:
     # the overview draws up to 120 bars for each of 100 queues, and format_html's escaping of
     # every piece added up.
