@@ -142,6 +142,16 @@ def test_the_errors_page_shows_each_groups_trend_with_its_numbers(role_client):
     assert "12 failures in the last 24 h were outside each hour's 50 largest groups" in html
 
 
+def test_first_seen_is_when_the_history_first_counts_the_group_not_the_newest_items(
+        role_client):
+    """It was the oldest last failure among the newest items read: days after the group began."""
+    queue = QueueFactory(key="emails")
+    failing_groups(queue, ["TimeoutError: read 3 s"])
+    history_of(queue, "TimeoutError: read 1 s", {24 * 5: 2, 2: 1})
+    [group] = role_client("Viewer").get("/queues/emails/errors/").context["groups"]
+    assert group.first_seen == this_hour() - timedelta(hours=24 * 5)
+
+
 def test_the_trends_of_every_group_cost_the_same_few_queries(role_client):
     queue = QueueFactory(key="emails")
     client = role_client("Viewer")
@@ -161,7 +171,8 @@ def test_the_trends_of_every_group_cost_the_same_few_queries(role_client):
     many = queries_of_page()
 
     assert len(many) == len(few) <= 20
-    assert sum(ErrorGroupHour._meta.db_table in sql for sql in many) == 1
+    # One read of the trends, one of when each group first failed.
+    assert sum(ErrorGroupHour._meta.db_table in sql for sql in many) == 2
     assert client.get("/queues/emails/errors/").content.decode().count('<svg class="trend') == 26
 
 

@@ -14,13 +14,13 @@ from urllib.parse import urlencode
 
 from django.core import signing
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, Min, OuterRef, Q
 
 from queues.engine import counters, forecast
 from queues.engine.account_stats import recent_service
 from queues.engine.bulk import CLOCKS, PREFIX_END, keyset_after
 from queues.engine.db import from_db_datetime, is_postgres, to_db_datetime
-from queues.engine.errors import group_pattern, normalise_error
+from queues.engine.errors import group_key, group_pattern, normalise_error
 from queues.engine.forecast import NextRun
 from queues.engine.lifecycle import retry_delay
 from queues.models import (
@@ -34,6 +34,7 @@ from queues.models import (
     AlertFiring,
     Attempt,
     DeadLetter,
+    ErrorGroupHour,
     Item,
     ItemEvent,
     Queue,
@@ -457,6 +458,13 @@ def error_groups(queue: Queue) -> tuple[list[ErrorGroup], int]:
             group.accounts.add(account)
             group.first_seen = min(filter(None, (group.first_seen, updated)))
             group.last_seen = max(filter(None, (group.last_seen, updated)))
+    # The items read are the newest; the failure history (30 days by the hour) knows when a
+    # group began failing, long before the oldest of them last failed.
+    by_key = {group_key(group.kind, group.message): group for group in groups.values()}
+    for key, first in (ErrorGroupHour.objects.filter(queue=queue, group_key__in=list(by_key))
+                       .order_by().values("group_key").annotate(first=Min("start"))
+                       .values_list("group_key", "first")):
+        by_key[key].first_seen = min(filter(None, (by_key[key].first_seen, first)))
     return sorted(groups.values(), key=lambda g: -g.count), read
 
 
