@@ -260,15 +260,8 @@ admin.site.unregister(Schedule)
 
 
 @admin.register(Schedule)
-class ReadOnlyScheduleAdmin(ScheduleAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+class ReadOnlyScheduleAdmin(ReadOnlyAdmin, ScheduleAdmin):
+    pass
 
 
 if two_factor_installed():
