@@ -178,7 +178,7 @@ def oldest_waiting(ids: list[int], now: datetime) -> dict[int, datetime | None]:
         return {}
     ready = ", ".join(f"'{status}'" for status in READY_STATUSES)
     later = "GREATEST" if is_postgres() else "MAX"
-    # The queue's own key is a literal so that the planner reads the index per queue.
+    # Correlated on each queue's id: every subquery walks that queue's head of the index.
     heads = (f"SELECT MIN({later}(h.created_at, h.run_at)) FROM (SELECT created_at, run_at "
              f"FROM {Item._meta.db_table} i WHERE i.queue_id = q.id AND i.status IN ({ready}) "
              f"AND i.run_at <= %s ORDER BY i.run_at LIMIT {HEAD_WALK}) h")
