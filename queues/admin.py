@@ -116,6 +116,13 @@ class AccountPolicyForm(forms.ModelForm):
         fields = ("queue", "account", "weight", "max_in_flight", "paused", "paused_by", "paused_at",
                   "max_ready")
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Exactly as typed, so that the model's validator refuses a space at either end
+        # rather than a stripped name matching another account.
+        if "account" in self.fields:
+            self.fields["account"].strip = False
+
     def clean_account(self) -> str:
         # As items store it, or the policy would name an account no item has.
         return canonical(self.cleaned_data["account"])

@@ -1,5 +1,6 @@
 """QueueAdmin's data model. Status changes never happen here: see queues/lifecycle.py."""
 
+import re
 import unicodedata
 from datetime import UTC, datetime, timedelta
 
@@ -54,7 +55,14 @@ TIME_BOUNDS_TEXT = "must lie between 1970-01-01 and 2100-01-01 UTC"
 # every time an item can hold, as the item list's open end, so that a range over the next-run
 # clock keeps the items due later, which the list shows.
 ANY_TIME_END = LATEST_TIME - timedelta(microseconds=1)
-PRINTABLE_TEXT = "must be printable text: no control characters, line or paragraph breaks"
+PRINTABLE_TEXT = ("must be printable text: no control or invisible characters, line or paragraph "
+                  "breaks, and no space at either end")
+# Characters that print as nothing (Unicode's default-ignorable code points that str.isprintable
+# lets through: variation selectors, Hangul fillers, the combining grapheme joiner; and the
+# blank Braille cell): "acme" followed by one reads "acme" on every page, yet names another
+# tenant.
+INVISIBLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164"
+                       "\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]")
 
 
 def time_in_bounds(moment: datetime) -> bool:
@@ -70,8 +78,11 @@ def canonical(text: str) -> str:
 
 def printable(text: str) -> bool:
     """Identifiers and accounts reach line-framed outputs (the live stream, log lines, CSV), so
-    they hold printable characters and plain spaces only."""
-    return text.isprintable()
+    they hold printable characters and plain spaces only. Every page and form shows or takes
+    them exactly, so none may look like another: no invisible character, and no space at
+    either end (forms strip what is typed, and "acme " would be acted on as "acme")."""
+    return (text.isprintable() and not INVISIBLE.search(text)
+            and not text.startswith(" ") and not text.endswith(" "))
 
 
 def validate_printable(text: str):
@@ -82,7 +93,8 @@ def validate_printable(text: str):
 
 QUEUE_KEY_PATTERN = r"[a-z0-9][a-z0-9_-]{0,63}"
 key_validator = RegexValidator(
-    rf"^{QUEUE_KEY_PATTERN}$",
+    # \Z, not $: `$` also matches before a final line break, and "emails\n" is no key.
+    rf"\A{QUEUE_KEY_PATTERN}\Z",
     "Use 1-64 lowercase letters, digits, '-' or '_', starting with a letter or digit.",
 )
 

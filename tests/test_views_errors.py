@@ -53,6 +53,11 @@ ERRORS = {
     "session-too": "ConnectionError: session req_8fK2pQ9x closed by peer",
     "session-word": "ConnectionError: session shutting-down closed by peer",
     "session-short": "ConnectionError: session a1b2 closed by peer",
+    "boom": "RuntimeError: boom",
+    "boom-too": "RuntimeError: boom \t\r\nTraceback (most recent call last): ...",
+    "boomerang": "RuntimeError: boomerang failed",
+    "long": "ValueError: " + "x" * 400,
+    "long-too": "ValueError: " + "x" * 400 + " and then something else",
 }
 
 
@@ -70,6 +75,10 @@ def failing(db):
     (ERRORS["quoted"], {"quoted", "quoted-too"}),
     (ERRORS["session"], {"session", "session-too"}),
     (ERRORS["session-word"], {"session-word"}),
+    (ERRORS["boom"], {"boom", "boom-too"}),
+    (ERRORS["boomerang"], {"boomerang"}),
+    # A first line longer than the group keeps is grouped by its beginning.
+    (ERRORS["long"], {"long", "long-too"}),
 ])
 def test_an_error_group_selects_exactly_its_items_on_either_database(failing, error, members):
     from queues.engine.errors import group_pattern

@@ -536,7 +536,9 @@ def account_pause(request, key, action):
     _require(request.token, tokens.OPERATE)
     document = _object(_read_json(request), {"account"})
     account = document.get("account")
-    if not isinstance(account, str) or not account.strip() or len(account) > MAX_ACCOUNT_LENGTH:
+    # Measured as stored: composing (NFC) can lengthen text.
+    if (not isinstance(account, str) or not account.strip()
+            or len(canonical(account)) > MAX_ACCOUNT_LENGTH):
         raise _invalid({"account": "must be a non-empty string of at most "
                                    f"{MAX_ACCOUNT_LENGTH} characters"})
     if not printable(account):  # as an item's account: no item could belong to another

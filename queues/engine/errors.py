@@ -36,12 +36,16 @@ _PLACEHOLDERS = {
     "<n>": "[0-9]+(?:[.][0-9]+)?",
 }
 _PLACEHOLDER = re.compile("|".join(re.escape(p) for p in _PLACEHOLDERS))
+# What str.splitlines ends the first line at, as the characters themselves: both databases
+# read them alike in brackets.
+_LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 
 
 def normalise_error(error: str) -> tuple[str, str]:
     """(kind, message): the first line with ids, numbers and quoted values replaced, so that
     the same failure on different items groups together."""
-    line = error.strip().splitlines()[0] if error.strip() else "(no message)"
+    # Blanks at the end of the first line do not make another group (group_pattern allows them).
+    line = error.strip().splitlines()[0].rstrip() if error.strip() else "(no message)"
     message = line[:MESSAGE_LIMIT]
     for pattern, replacement in _NORMALISERS:
         message = pattern.sub(replacement, message)
@@ -56,7 +60,7 @@ def group_key(kind: str, message: str) -> str:
 
 def group_pattern(message: str) -> str:
     """A regular expression matching the stored errors whose group is `message`: from the
-    start of the error (leading blanks allowed), up to the end of its first line."""
+    start of the error (leading blanks allowed) to the end of its first line."""
     # SQLite matches with Python's backtracking `re`: placeholders side by side ("<n><n>…", which
     # anyone may type) over a long run of digits tried every split, and 12 froze a web process
     # for minutes. An atomic group takes each placeholder's longest match once, as the
@@ -68,7 +72,12 @@ def group_pattern(message: str) -> str:
         parts.append(atomic.format(_PLACEHOLDERS[placeholder.group()]))
         end = placeholder.end()
     parts.append(_literal(message[end:]))
-    return "^[ \t\r\n]*" + "".join(parts)
+    prefix = "".join(parts)
+    # The group ends where the first line does, or "boom" would also take "boomerang failed";
+    # unless that line was longer than MESSAGE_LIMIT, when the group is only its beginning.
+    # PostgreSQL counts at most 255 repetitions at once, hence the nested count.
+    longer = f"(?=(?:[^{_LINE_BREAKS}]{{100}}){{{MESSAGE_LIMIT // 100}}}[^{_LINE_BREAKS}])"
+    return (f"^[ \t\r\n]*(?:{longer}{prefix}|{prefix}[ \t]*(?:[{_LINE_BREAKS}]|$))")
 
 
 def _literal(text: str) -> str:

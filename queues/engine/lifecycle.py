@@ -206,7 +206,8 @@ def _live_status_sql() -> str:
 def _check_text(fields: dict, name: str, value, limit: int):
     if not isinstance(value, str) or not value.strip():
         fields[name] = "must be a non-empty string"
-    elif len(value) > limit:
+    # Measured as stored: composing (NFC) can lengthen text, U+1D160 into three characters.
+    elif len(canonical(value)) > limit:
         fields[name] = f"must be at most {limit} characters"
     elif not printable(value):
         fields[name] = PRINTABLE_TEXT

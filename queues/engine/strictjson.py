@@ -12,6 +12,10 @@ from decimal import Decimal
 
 # JavaScript and many JSON libraries lose precision above 2**53; refuse rather than round.
 MAX_SAFE_INTEGER = 2**53 - 1
+# PostgreSQL's jsonb writes every number without an exponent: 1e20 would read back as an
+# integer of 21 digits, which this module refuses (and JavaScript rounds).
+BIG_FLOAT_WHY = (f" (at most ±{MAX_SAFE_INTEGER}: a larger number reads back from the database "
+                 f"as an integer of its every digit)")
 MAX_DEPTH = 32
 UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -31,22 +35,29 @@ def _parse_int(text: str) -> int:
     return int(text)
 
 
-class _Rounded(float):
-    """A number a float cannot hold exactly; refused by check_values, which knows its path."""
+class _Refused(float):
+    """A number the API refuses (`why`), refused by check_values, which knows its path."""
 
     text: str
+    why: str
 
 
 def _parse_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
         raise JSONBodyError(f"number {text[:20]} is out of range")
-    # Stored as given or refused: 0.10000000000000000555 would silently read back as 0.1.
-    if len(text) > 100 or Decimal(text) != Decimal(repr(value)):
-        rounded = _Rounded(value)
-        rounded.text = text[:40]
-        return rounded
-    return value
+    if abs(value) > MAX_SAFE_INTEGER:
+        why = f"is out of range{BIG_FLOAT_WHY}"
+    # Stored as given or refused: 0.10000000000000000555 would silently read back as 0.1. The
+    # smallest float PostgreSQL writes back in 330 digits (it never uses an exponent), which
+    # must be accepted again.
+    elif len(text) > 400 or Decimal(text) != Decimal(repr(value)):
+        why = f"cannot be stored exactly; it would read back as {value!r}"
+    else:
+        return value
+    refused = _Refused(value)
+    refused.text, refused.why = text[:40], why
+    return refused
 
 
 def _refuse_constant(name: str):
@@ -103,9 +114,8 @@ def check_values(document, path: str = ""):
                                 where or "body")
         if isinstance(value, str):
             _check_string(value, where)
-        elif isinstance(value, _Rounded):
-            raise JSONBodyError(f"number {value.text} cannot be stored exactly; it would read "
-                                f"back as {float(value)!r}", where or "body")
+        elif isinstance(value, _Refused):
+            raise JSONBodyError(f"number {value.text} {value.why}", where or "body")
         elif isinstance(value, dict):
             for key, child in value.items():
                 child_path = f"{where}.{key}" if where else str(key)
@@ -118,9 +128,9 @@ def check_values(document, path: str = ""):
 
 def check_python(value, path: str = ""):
     """The same rules for a Python value that never was JSON text, such as the arguments of a
-    django.tasks task: JSON types only (a tuple reads as an array), string keys, integers within
-    ±MAX_SAFE_INTEGER, finite floats, then check_values' rules, so that it stores and reads back
-    as the API would have it. Raises JSONBodyError naming the first offending path."""
+    django.tasks task: JSON types only (a tuple reads as an array), string keys, integers and
+    finite floats within ±MAX_SAFE_INTEGER, then check_values' rules, so that it stores and
+    reads back as the API would have it. Raises JSONBodyError naming the first offending path."""
     stack = [(value, path, 0)]
     while stack:
         value, where, depth = stack.pop()
@@ -149,6 +159,9 @@ def check_python(value, path: str = ""):
         elif isinstance(value, float):
             if not math.isfinite(value):
                 raise JSONBodyError(f"number {value} is not valid JSON", where or "body")
+            if abs(value) > MAX_SAFE_INTEGER:
+                raise JSONBodyError(f"number {value} is out of range{BIG_FLOAT_WHY}",
+                                    where or "body")
         else:
             raise JSONBodyError(f"a {type(value).__name__} is not a JSON value",
                                 where or "body")

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET
 from queues.models import AuditEntry, Queue
 from queues.permissions import can_operate, render_page, viewer_required
 from queues.web import masking
-from queues.web.export import Echo, csv_cell, streaming
+from queues.web.export import Echo, csv_cell, csv_download
 from queues.web.forms import DATETIME_LOCAL, check_range
 
 LIST_SIZE = 50
@@ -108,8 +108,7 @@ def audit_export(request):
     form = AuditFilterForm(request.GET)
     if not form.is_valid():
         return render_page(request, "queues/audit.html", {"form": form, "entries": []}, status=400)
-    response = streaming(request, _rows(form.entries(), _filter_masker(request.user)),
-                         content_type="text/csv")
+    response = csv_download(request, _rows(form.entries(), _filter_masker(request.user)))
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.csv"'
     return response

@@ -108,7 +108,12 @@ def natural_list_clock(statuses) -> str:
 
 
 class CanonicalField(forms.CharField):
-    """An identifier or account as stored (models.canonical), however the browser composed it."""
+    """An identifier or account as stored (models.canonical), however the browser composed it.
+    Taken exactly, spaces at either end included: stripped, a filter, a bulk operation or an
+    erasure named "acme " would act on another tenant, "acme"."""
+
+    def __init__(self, *args, strip=False, **kwargs):
+        super().__init__(*args, strip=strip, **kwargs)
 
     def to_python(self, value):
         return canonical(super().to_python(value))
@@ -225,7 +230,8 @@ def _local(moment) -> str:
 
 
 class SearchForm(forms.Form):
-    q = CanonicalField(max_length=MAX_IDENTIFIER_LENGTH, label="Identifier")
+    # A search only reads: a space typed by mistake is dropped.
+    q = CanonicalField(max_length=MAX_IDENTIFIER_LENGTH, label="Identifier", strip=True)
 
 
 class AccountForm(forms.Form):

@@ -270,9 +270,8 @@ def queue_export(request, key, fmt):
             "queue_counts": counters.status_counts([queue.pk])[queue.pk]}, status=400)
     masked = not can_operate(request.user)
     if fmt == "csv":
-        response = export.streaming(
-            request, export.csv_rows(queue, form.cleaned_data, masked=masked),
-            content_type="text/csv")
+        response = export.csv_download(
+            request, export.csv_rows(queue, form.cleaned_data, masked=masked))
     else:
         response = export.streaming(
             request, export.json_chunks(queue, form.cleaned_data, masked=masked),
