@@ -49,3 +49,26 @@ def test_migrating_back_gives_the_whole_payload_index_again_and_forth_the_partia
         assert not definition("item_payload_at_rest_gin")
     assert not definition("item_payload_gin")
     assert definition("item_payload_at_rest_gin")
+
+
+def valid(name: str) -> bool | None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = "
+                       "c.oid WHERE c.relname = %s", [name])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("left", ["valid", "invalid"])
+def test_a_concurrent_build_finds_its_index_built_ahead_or_left_invalid(left):
+    """docs/deploy.md lets an operator build a big index before the deploy, and a deploy stopped
+    while the build waited leaves it built (or invalid) with the migration not recorded: the
+    next migrate failed with "already exists"."""
+    with migrated_back_to("0034_account_share_live"), connection.cursor() as cursor:
+        cursor.execute("CREATE INDEX item_ready_due_idx ON queues_item (queue_id, run_at) "
+                       "WHERE status IN ('queued', 'retry')")
+        if left == "invalid":
+            cursor.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = "
+                           "'item_ready_due_idx'::regclass")
+    assert valid("item_ready_due_idx") is True

@@ -105,6 +105,16 @@ def test_an_operator_pauses_an_account_from_the_accounts_page(role_client, queue
     assert client.post("/queues/emails/accounts/pause/", {"account": ""}).status_code == 422
 
 
+def test_pausing_an_account_from_the_accounts_page_form_says_so_after_the_reload(role_client,
+                                                                                  queue):
+    """The account paused may have no backlog, so no row of the page would show it."""
+    client = role_client("Operator")
+    response = client.post("/queues/emails/accounts/pause/", {"account": "quiet"}, follow=True,
+                           HTTP_REFERER="http://testserver/queues/emails/accounts/")
+    assert response.redirect_chain[-1][0] == "/queues/emails/accounts/"
+    assert "Account quiet on emails paused" in response.content.decode()
+
+
 @pytest.mark.parametrize("account", ["web\x07bell", "web\u200bzw", "web\nline", "evil\u202etxt"])
 def test_an_account_no_item_could_have_is_refused_by_every_door(role_client, queue, account):
     # An item's account is printable; a policy for another could match nothing, and its

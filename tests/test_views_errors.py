@@ -151,6 +151,17 @@ def test_the_errors_page_shows_each_groups_trend_with_its_numbers(role_client):
     assert "12 failures in the last 24 h were outside each hour's 50 largest groups" in html
 
 
+def test_the_group_failing_most_in_the_trends_range_comes_first(role_client):
+    """Ranked by the items read (the newest enqueued), an error failing right now on older
+    items came last."""
+    queue = QueueFactory(key="emails")
+    failing_groups(queue, ["KeyError: 'old'"] * 3 + ["RetryableError: partner answered 503"])
+    history_of(queue, "RetryableError: partner answered 503", {0: 2000, 1: 1500})
+    history_of(queue, "KeyError: 'old'", {20: 3})
+    groups = role_client("Viewer").get("/queues/emails/errors/").context["groups"]
+    assert [(g.kind, g.count) for g in groups] == [("RetryableError", 1), ("KeyError", 3)]
+
+
 def test_first_seen_is_when_the_history_first_counts_the_group_not_the_newest_items(
         role_client):
     """It was the oldest last failure among the newest items read: days after the group began."""

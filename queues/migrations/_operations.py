@@ -9,15 +9,34 @@ from django.db.migrations.operations.base import Operation
 
 def _change_index_concurrently(operation, app_label, schema_editor, state, index, *,
                                create: bool):
-    """CREATE or DROP INDEX CONCURRENTLY on PostgreSQL; nothing elsewhere."""
-    if schema_editor.connection.vendor != "postgresql":
+    """CREATE or DROP INDEX CONCURRENTLY on PostgreSQL; nothing elsewhere.
+
+    Repeatable: a build interrupted with its migration (a deploy stopped while it waited for
+    old transactions) can leave the index built, or left invalid, without the migration
+    recorded; and docs/deploy.md lets an operator build a big index ahead of the deploy. So a
+    valid index of the name is kept, an invalid one dropped and built again, and a drop of an
+    index that is gone does nothing."""
+    connection = schema_editor.connection
+    if connection.vendor != "postgresql":
         return
-    if schema_editor.connection.in_atomic_block:
+    if connection.in_atomic_block:
         raise NotSupportedError("set atomic = False on the migration")
     model = state.apps.get_model(app_label, operation.model_name)
-    if operation.allow_migrate_model(schema_editor.connection.alias, model):
-        change = schema_editor.add_index if create else schema_editor.remove_index
-        change(model, index, concurrently=True)
+    if not operation.allow_migrate_model(connection.alias, model):
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = "
+                       "c.oid WHERE c.relname = %s AND c.relnamespace = "
+                       "current_schema()::regnamespace", [index.name])
+        row = cursor.fetchone()
+    if create:
+        if row and row[0]:
+            return
+        if row:
+            schema_editor.remove_index(model, index, concurrently=True)
+        schema_editor.add_index(model, index, concurrently=True)
+    elif row:
+        schema_editor.remove_index(model, index, concurrently=True)
 
 
 class AddIndexConcurrentlyOnPostgres(AddIndex):

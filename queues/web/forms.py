@@ -200,6 +200,12 @@ class ItemFilterForm(TimeRangeForm, ItemFilters):
                                      "first page.")
         return data
 
+    def bulk_takes_all(self, kind: str) -> bool:
+        """Whether the kind applies to every listed status: only then is the list's count the
+        number of items it would change."""
+        statuses = self.cleaned_data.get("status") or list(Status.values)
+        return set(statuses) <= set(KINDS[kind][1])
+
     def bulk_query(self, kind: str) -> str | None:
         """The bulk page's query string for acting on every item this list matches, with its
         statuses, clock, range and text filters carried over; None when the kind applies to

@@ -80,7 +80,9 @@ def queue_items(request, key):
     if page and page.total_count and can_operate(request.user):
         # "Retry / Cancel all N matching": the bulk preview of exactly this list.
         context |= {"retry_query": form.bulk_query("retry"),
-                    "cancel_query": form.bulk_query("cancel")}
+                    "cancel_query": form.bulk_query("cancel"),
+                    "retry_takes_all": form.bulk_takes_all("retry"),
+                    "cancel_takes_all": form.bulk_takes_all("cancel")}
     return _page_or_fragment(request, "queues/items.html", "queues/_item_list.html", context,
                              status=200 if page else 400)
 
@@ -143,6 +145,9 @@ def queue_errors(request, key):
     queue = get_object_or_404(Queue, key=key)
     groups, read = queries.error_groups(queue)
     trends = charts.error_trends(request, queue, groups, timezone.now())
+    # The failures of the trend's range first: the items read are the newest enqueued, and an
+    # error failing right now on older items would otherwise come last, with few of them read.
+    groups.sort(key=lambda group: (-(group.trend.total if group.trend else 0), -group.count))
     return render_page(request, "queues/errors.html",
                   {"queue": queue, "groups": groups, "read": read, "trends": trends,
                    "sample": queries.ERROR_SAMPLE, "kept_groups": history.ERROR_GROUPS})

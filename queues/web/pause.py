@@ -1,6 +1,7 @@
 """Pause and resume buttons: per queue, per account of a queue, and for every queue. Each
 answers htmx with the updated control and an event that refreshes counts and badges."""
 
+from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -15,7 +16,9 @@ from queues.web.security import page_to_return_to
 
 def _answer(request, template: str, context: dict, fallback: str, said: str):
     if not request.htmx:
-        # Back to the page the button was on, if that is a page of this site.
+        # Back to the page the button was on, if that is a page of this site, which says
+        # what was done: the account paused may be on no row of that page.
+        messages.success(request, said)
         return redirect(page_to_return_to(request, fallback))
     return feedback.changed_and_said(render_page(request, template, context), said)
 

@@ -127,7 +127,26 @@ def test_select_all_selects_the_page_then_offers_every_matching_item(open_page):
     assert all(box.is_checked() for box in rows.all())
     more = page.locator("[data-select-more]")
     expect(more).to_be_visible()
-    total = page.locator("#item-list-title").inner_text().split(" ")[0]
-    expect(more.get_by_role("link", name=f"Retry all {total} matching…")).to_be_visible()
+    # The list holds every status: its count is not what a retry would change.
+    expect(more.get_by_role("link", name="Retry those that can be retried…")).to_be_visible()
+    page.get_by_label("Permanent Failure").check()
+    expect(page.get_by_role("link", name=re.compile(r"^Retry all \d+ matching…$")).first
+           ).to_be_visible()
     page.get_by_label("Select every item on this page").uncheck()
     expect(more).to_be_hidden()
+
+
+def test_a_bulk_preview_goes_once_its_filters_change(open_page, dashboard_server):
+    """Its confirm button acts on the set it counted: left in place under changed filters, it
+    would cancel every queued item where the form now says one account's last hour."""
+    page = open_page("operator")
+    page.goto(f"{dashboard_server}/queues/emails/bulk/?kind=retry&status=complete&period=7d"
+              "&preview=1")
+    confirm = page.get_by_role("button", name="Retry 4 items")
+    expect(confirm).to_be_visible()
+    page.get_by_role("textbox", name="Account").fill("acme")
+    expect(confirm).to_have_count(0)
+    expect(page.locator("#bulk-preview")).to_contain_text("The filters changed: preview again")
+    page.get_by_role("textbox", name="Account").fill("")
+    page.get_by_role("button", name="Preview").click()
+    expect(page.get_by_role("button", name="Retry 4 items")).to_be_visible()

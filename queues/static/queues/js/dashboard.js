@@ -130,6 +130,29 @@
       .forEach(function (field) { field.value = ""; });
   });
 
+  // A bulk preview answers for the filters it was made from: once they change, its confirm
+  // button would still act on the old set (every queued item, where the form now says one
+  // account's last hour), so the preview goes until the operator previews again.
+  function voidStalePreview(event) {
+    if (!event.target.closest || !event.target.closest("#bulk-form")) { return; }
+    var preview = document.getElementById("bulk-preview");
+    if (!preview || !preview.querySelector("form")) { return; }
+    var note = document.createElement("p");
+    note.className = "message";
+    note.setAttribute("data-preview-void", "");
+    note.textContent = "The filters changed: preview again to see what they select.";
+    preview.replaceChildren(note);
+  }
+  document.addEventListener("input", voidStalePreview);
+  document.addEventListener("change", voidStalePreview);
+
+  // A link that htmx swaps in place still opens in a new tab or window when asked to (Ctrl,
+  // Cmd or Shift held), as any link does: htmx itself lets only boosted links through.
+  document.addEventListener("click", function (event) {
+    if (!(event.ctrlKey || event.metaKey || event.shiftKey) || !event.target.closest) { return; }
+    if (event.target.closest("a[hx-get][href]")) { event.stopPropagation(); }
+  }, true);
+
   // The item list's select-all box selects the page, then offers every matching item.
   document.addEventListener("change", function (event) {
     var box = event.target;
