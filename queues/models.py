@@ -1098,6 +1098,25 @@ def alert_summary(kind: str, value: float | None, threshold: int, window) -> str
     return words[kind]()
 
 
+def alert_condition(kind: str, value: float | None, threshold: int, window) -> str:
+    """A queue's firing alert as its overview badge says it: the rule's condition without the
+    figure, which was the evaluator's and stood beside the row's live one (427 dead letters
+    beside 588); the installation's alerts, shown where no live figure is, keep theirs."""
+    kinds = AlertRule.Kind
+    span = ("the last hour" if window == timedelta(hours=1)
+            else f"the last {seconds_words(window.total_seconds())}" if window else "")
+    conditions = {
+        kinds.DEAD_LETTERS: lambda: f"dead letters over {threshold:,}",
+        kinds.DEPTH: lambda: f"depth over {threshold:,}",
+        kinds.FAILURES: lambda: f"failures in {span} over {threshold:,}",
+        kinds.RUN_TIME: lambda: f"run time p95 in {span} over {seconds_words(threshold)}",
+        kinds.OLDEST_WAIT: lambda: f"oldest wait over {seconds_words(threshold)}",
+    }
+    if kind in conditions:
+        return conditions[kind]()
+    return alert_summary(kind, value, threshold, window)
+
+
 def _count(value: float, noun: str) -> str:
     return f"{value:,.0f} {noun}" + ("" if round(value) == 1 else "s")
 

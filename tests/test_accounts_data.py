@@ -47,6 +47,8 @@ def test_the_export_holds_every_item_and_its_history(tenant):
     assert kinds.count("item") == 6 and kinds.count("dead letter") == 2
     assert kinds.count("attempt") == Attempt.objects.filter(item__account="acme").count()
     assert {line["account"] for line in lines if line["kind"] == "item"} == {"acme"}
+    # Times as ISO 8601, as every other export writes them.
+    assert all("T" in line["created_at"] for line in lines if line["kind"] == "item")
 
 
 def test_erasure_takes_everything_but_running_items_and_keeps_the_counters_true(tenant):

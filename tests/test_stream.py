@@ -848,3 +848,10 @@ def test_an_open_stream_ends_when_its_reader_signs_out_or_loses_the_role(queue, 
         await second.close()
 
     run(scenario)
+
+
+def test_a_line_break_in_a_reason_reads_as_a_space_in_its_row():
+    """Rows are one line each; the break was dropped, and "ended\ndata" read "endeddata"."""
+    row = stream_views.render_rows([event(9, reason="ended\ndata")], {1: "emails"},
+                                   show_queue=False)
+    assert "\n" not in row and "ended data" in row

@@ -269,3 +269,21 @@ def test_any_time_is_said_as_such_not_as_a_range_from_the_year_2000(role_client,
     response = client.post("/queues/emails/bulk/start/", confirmation(preview))
     page = client.get(response["Location"]).content.decode()
     assert "Any time up to the snapshot" in page and "2000-01-01" not in page
+
+
+def test_the_preview_names_statuses_as_a_sentence_says_them(role_client, queue):
+    items_in_status(queue, "retry", 1)
+    html = role_client("Operator").get("/queues/emails/bulk/", {
+        "kind": "cancel", "status": ["queued", "retry"], "period": "all", "preview": "1",
+        "clock": "enqueued"}).content.decode()
+    assert "Cancel queued or retrying items enqueued at any time" in html
+
+
+def test_a_selection_with_nothing_to_act_on_says_so_without_a_range(role_client, queue):
+    """"Widen the time range" was said of a selection, which has none."""
+    [item] = items_in_status(queue, "failed", 1)
+    html = role_client("Operator").get("/queues/emails/bulk/", {
+        "kind": "cancel", "ids": [item.pk], "preview": "1"}).content.decode()
+    assert ("Nothing to cancel: none of the selected items is queued, dispatched or retrying."
+            in html)
+    assert "Widen the time range" not in html

@@ -375,3 +375,9 @@ def test_a_task_filter_that_is_not_a_module_path_is_refused(role_client, queue, 
     response = role_client("Viewer").get("/queues/emails/", {"task": task})
     assert response.status_code == 400
     assert "Name a task by its module path" in response.content.decode()
+
+
+def test_a_list_of_failed_items_offers_no_cancel_of_a_selection(role_client, queue):
+    failed(queue, "order", timedelta(days=3), timedelta(hours=1))
+    html = role_client("Operator").get("/queues/emails/", {"status": "failed"}).content.decode()
+    assert "Retry selected…" in html and "Cancel selected…" not in html

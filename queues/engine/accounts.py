@@ -12,6 +12,7 @@ batches of BATCH items, each one short transaction, and at most MAX_ITEMS per ca
 import json
 from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime
 from typing import NamedTuple
 
 from queues.engine import audit, lifecycle
@@ -101,7 +102,12 @@ def export_lines(account: str) -> Iterator[str]:
 
 
 def _line(kind: str, row: dict) -> str:
-    return json.dumps({"kind": kind, **row}, default=str, ensure_ascii=False) + "\n"
+    return json.dumps({"kind": kind, **row}, default=_json_value, ensure_ascii=False) + "\n"
+
+
+def _json_value(value) -> str:
+    # Times as ISO 8601, as the API and the other exports write them (str() puts a space for T).
+    return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
 def erase(account: str, *, actor) -> Counter:

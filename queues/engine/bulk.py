@@ -227,6 +227,11 @@ class BulkFilter:
         return tuple(s for s in self.statuses if s in accepted)
 
     @property
+    def kind_statuses(self) -> tuple[str, ...]:
+        """The statuses this kind of operation acts on, whatever the filter chose."""
+        return tuple(KINDS[self.kind][1])
+
+    @property
     def time_field(self) -> str:
         return CLOCKS[self.clock]
 

@@ -178,6 +178,17 @@ def status_label(status: str):
     return STATUS_LABELS.get(status) or format_html('<span class="badge">{}</span>', status)
 
 
+# A status as a sentence says it: "retry retry items" read as a stutter.
+STATUS_WORDS = {Status.RETRY: "retrying"}
+
+
+@register.filter
+def status_words(statuses) -> str:
+    """'queued, dispatched or retrying': statuses in a sentence, the last one after "or"."""
+    words = [STATUS_WORDS.get(status, status) for status in statuses]
+    return " or ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
+
+
 @register.filter
 def first_line(text: str) -> str:
     return (text or "").strip().split("\n", 1)[0]

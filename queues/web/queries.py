@@ -40,6 +40,7 @@ from queues.models import (
     Queue,
     SelectorState,
     Status,
+    alert_condition,
     alert_summary,
 )
 
@@ -197,11 +198,10 @@ def open_alerts(queue_ids: list[int]) -> OpenAlerts:
                .order_by("rule__kind")
                .values_list("rule__queue_id", "rule__kind", "value", "threshold", "rule__window"))
     for queue_id, kind, value, threshold, window in firings:
-        summary = alert_summary(kind, value, threshold, window)
         if queue_id is None:
-            found.installation.append(summary)
+            found.installation.append(alert_summary(kind, value, threshold, window))
         else:
-            found.by_queue[queue_id].append(summary)
+            found.by_queue[queue_id].append(alert_condition(kind, value, threshold, window))
     return found
 
 

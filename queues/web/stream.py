@@ -111,7 +111,7 @@ def render_rows(events: list[stream.StreamEvent], queue_keys: dict[int, str],
                 "event": event, "label": EVENT_LABELS.get(event.transition, event.transition),
                 "queue_key": queue_keys.get(event.queue_id, ""), "show_queue": show_queue,
                 "shown_at": shown_at,
-            }).replace("\n", "")
+            }).replace("\n", " ")
             _rendered[key] = row
             if len(_rendered) > RENDERED_ROWS:
                 _rendered.popitem(last=False)
@@ -147,7 +147,7 @@ def render_summary(summary: Summary, span: str, queue_key: str | None, account: 
         "rows_per_second": setting("STREAM_ROWS_PER_SECOND"),
         "shown_at": when(summary.last_at), "columns": 6 if show_queue else 5,
         "link": link, "link_text": link_text,
-    }).replace("\n", "")
+    }).replace("\n", " ")
 
 
 @require_GET
