@@ -1075,16 +1075,13 @@ def alert_summary(kind: str, value: float | None, threshold: int, window) -> str
         return {kinds.NO_CLUSTER: "no worker cluster has ever sent a heartbeat",
                 kinds.SELECTOR_BEHIND: "the selector has no schedule",
                 kinds.SWEEPER_BEHIND: "the sweeper has never run"}.get(kind, f"{kind}: no figure")
-    def span():
-        return "the last hour" if window == timedelta(hours=1) else (
-            f"the last {seconds_words(window.total_seconds())}" if window else "")
-
     # Only the kind's own words are made: an overview shows hundreds of firing alerts.
     words = {
         kinds.DEAD_LETTERS: lambda: f"{_count(value, 'dead letter')} (over {threshold:,})",
         kinds.DEPTH: lambda: f"depth {value:,.0f} (over {threshold:,})",
-        kinds.FAILURES: lambda: f"{_count(value, 'failure')} in {span()} (over {threshold:,})",
-        kinds.RUN_TIME: lambda: f"run time p95 {seconds_words(value)} in {span()} "
+        kinds.FAILURES: lambda: f"{_count(value, 'failure')} in {_window_words(window)} "
+                                f"(over {threshold:,})",
+        kinds.RUN_TIME: lambda: f"run time p95 {seconds_words(value)} in {_window_words(window)} "
                                 f"(over {seconds_words(threshold)})",
         kinds.OLDEST_WAIT: lambda: f"oldest wait {seconds_words(value)} "
                                    f"(over {seconds_words(threshold)})",
@@ -1103,8 +1100,7 @@ def alert_condition(kind: str, value: float | None, threshold: int, window) -> s
     figure, which was the evaluator's and stood beside the row's live one (427 dead letters
     beside 588); the installation's alerts, shown where no live figure is, keep theirs."""
     kinds = AlertRule.Kind
-    span = ("the last hour" if window == timedelta(hours=1)
-            else f"the last {seconds_words(window.total_seconds())}" if window else "")
+    span = _window_words(window)
     conditions = {
         kinds.DEAD_LETTERS: lambda: f"dead letters over {threshold:,}",
         kinds.DEPTH: lambda: f"depth over {threshold:,}",
@@ -1115,6 +1111,11 @@ def alert_condition(kind: str, value: float | None, threshold: int, window) -> s
     if kind in conditions:
         return conditions[kind]()
     return alert_summary(kind, value, threshold, window)
+
+
+def _window_words(window) -> str:
+    return "the last hour" if window == timedelta(hours=1) else (
+        f"the last {seconds_words(window.total_seconds())}" if window else "")
 
 
 def _count(value: float, noun: str) -> str:
