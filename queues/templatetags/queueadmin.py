@@ -185,8 +185,8 @@ STATUS_WORDS = {Status.RETRY: "retrying"}
 @register.filter
 def status_words(statuses) -> str:
     """'queued, dispatched or retrying': statuses in a sentence, the last one after "or"."""
-    words = [STATUS_WORDS.get(status, status) for status in statuses]
-    return " or ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
+    *rest, last = [STATUS_WORDS.get(status, status) for status in statuses] or [""]
+    return f"{', '.join(rest)} or {last}" if rest else last
 
 
 @register.filter
