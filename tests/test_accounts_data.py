@@ -51,6 +51,15 @@ def test_the_export_holds_every_item_and_its_history(tenant):
     assert all("T" in line["created_at"] for line in lines if line["kind"] == "item")
 
 
+def test_each_exported_record_stays_on_one_line_whatever_the_text_holds(tenant):
+    item = Item.objects.filter(account="acme").first()
+    item.last_error = "split\u2028here\u2029and\x85there"
+    item.save(update_fields=["last_error"])
+    lines = "".join(accounts.export_lines("acme")).splitlines()
+    records = [json.loads(line) for line in lines]
+    assert item.last_error in {r["last_error"] for r in records if r["kind"] == "item"}
+
+
 def test_erasure_takes_everything_but_running_items_and_keeps_the_counters_true(tenant):
     erased = accounts.erase("acme", actor="admin")
     assert erased["items"] == 5 and erased["running, left to finish"] == 1

@@ -28,6 +28,9 @@ from queues.models import (
 )
 
 BATCH = 1000
+# JSON leaves these raw, but Python's splitlines and some JSON Lines readers break a line at
+# them: a payload or an error holding one would split its record in two.
+LINE_SAFE = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
 MAX_ITEMS = 100_000
 COUNT_LIMIT = 10_000  # the page's counts stop past it
 ATTEMPTS_COUNTED_ITEMS = 1_000
@@ -102,7 +105,8 @@ def export_lines(account: str) -> Iterator[str]:
 
 
 def _line(kind: str, row: dict) -> str:
-    return json.dumps({"kind": kind, **row}, default=_json_value, ensure_ascii=False) + "\n"
+    return json.dumps({"kind": kind, **row}, default=_json_value,
+                      ensure_ascii=False).translate(LINE_SAFE) + "\n"
 
 
 def _json_value(value) -> str:
