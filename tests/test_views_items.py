@@ -149,6 +149,52 @@ def test_keyset_pages_walk_every_item_once(role_client, queue, monkeypatch):
     assert len(seen) == 10 and len(set(seen)) == 10
 
 
+def walk_back(client, query: str, cursor: str) -> list[list[str]]:
+    """The pages from the one before `cursor` back to the list's first, by their "Newer"
+    links, each page in the list's order."""
+    pages, url = [], f"/queues/emails/?{query}&after={cursor}"
+    while url:
+        page = client.get(url).context["page"]
+        pages.append([item.identifier for item in page.items])
+        url = f"/queues/emails/?{query}&after={page.newer_cursor}" if page.newer_cursor else None
+    return pages
+
+
+@pytest.mark.parametrize("query", ["", "status=failed&period=24h", "payload=k%3D1"])
+def test_newer_pages_walk_back_to_the_first_page_as_the_older_ones_came(
+        role_client, queue, monkeypatch, query):
+    monkeypatch.setattr(queries, "PAGE_SIZE", 3)
+    failures_finished_in_reverse_order(queue)
+    # Found by the payload's own index, sorted whatever their statuses; one enqueue, so
+    # all eight tie on their enqueue time.
+    items_in_status(queue, "queued", 8, prefix="p", payload={"k": 1})
+    client = role_client("Viewer")
+    forwards, url = [], f"/queues/emails/?{query}"
+    while url:
+        response = client.get(url)
+        page = response.context["page"]
+        forwards.append(([i.identifier for i in page.items], page))
+        # "← Newer" from every page but the first; "Newest" beside it.
+        assert ("← Newer" in response.content.decode()) == (len(forwards) > 1)
+        url = f"/queues/emails/?{query}&before={page.next_cursor}" if page.next_cursor else None
+    assert len(forwards) >= 3
+    back = walk_back(client, query, forwards[-1][1].newer_cursor)
+    assert back == [identifiers for identifiers, _ in forwards[-2::-1]]
+    # A page reached by "← Newer" links to older ones again.
+    response = client.get(f"/queues/emails/?{query}&after={forwards[-1][1].newer_cursor}")
+    assert "Older →" in response.content.decode()
+
+
+def test_a_page_cannot_be_both_older_and_newer_than_others(role_client, queue, monkeypatch):
+    monkeypatch.setattr(queries, "PAGE_SIZE", 3)
+    failures_finished_in_reverse_order(queue)
+    client = role_client("Viewer")
+    cursor = client.get("/queues/emails/").context["page"].next_cursor
+    response = client.get(f"/queues/emails/?before={cursor}&after={cursor}")
+    assert response.status_code == 400 and b"either older or newer" in response.content
+    assert client.get("/queues/emails/?after=x").status_code == 400
+
+
 def test_failures_of_the_last_day_list_the_latest_finished_first_page_by_page(
         role_client, queue, monkeypatch):
     monkeypatch.setattr(queries, "PAGE_SIZE", 3)

@@ -169,9 +169,16 @@ class ItemFilterForm(TimeRangeForm, ItemFilters):
     clock = forms.ChoiceField(required=False, label="Range over", choices=[
         ("", "Finished for ended items, else enqueued"), *CLOCK_CHOICES])
     before = forms.CharField(required=False, max_length=60, widget=forms.HiddenInput)
+    after = forms.CharField(required=False, max_length=60, widget=forms.HiddenInput)
 
     def clean_before(self):
-        raw = self.cleaned_data["before"]
+        return self._page_position("before")
+
+    def clean_after(self):
+        return self._page_position("after")
+
+    def _page_position(self, name: str) -> str:
+        raw = self.cleaned_data[name]
         if raw and parse_cursor(raw) is None:
             raise forms.ValidationError("Not a page position.")
         return raw
@@ -193,11 +200,15 @@ class ItemFilterForm(TimeRangeForm, ItemFilters):
             data["created_from"] = data["created_to"] = None
         check_range(self, data.get("created_from"), data.get("created_to"))
         data["clock"] = data.get("clock") or natural_list_clock(data.get("status"))
-        data["cursor"] = parse_cursor(data["before"]) if data.get("before") else None
-        if data["cursor"] and len(data["cursor"]) != len(list_order(data)):
-            # A page of this list in another order (its clock or range changed).
-            self.add_error("before", "Not a page position of this list; start again from its "
+        # Older pages come after "before", newer ones before "after".
+        for name, key in (("before", "cursor"), ("after", "newer_than")):
+            data[key] = parse_cursor(data[name]) if data.get(name) else None
+            if data[key] and len(data[key]) != len(list_order(data)):
+                # A page of this list in another order (its clock or range changed).
+                self.add_error(name, "Not a page position of this list; start again from its "
                                      "first page.")
+        if data.get("cursor") and data.get("newer_than"):
+            self.add_error("after", "A page is either older or newer than another, not both.")
         return data
 
     def bulk_takes_all(self, kind: str) -> bool:

@@ -210,7 +210,8 @@ def open_alerts(queue_ids: list[int]) -> OpenAlerts:
 @dataclass
 class ItemPage:
     items: list[Item]
-    next_cursor: str
+    next_cursor: str  # the page of older items; "" on the last page
+    newer_cursor: str  # the page of newer items; "" on the first page
     total: str  # "1,234" or "10,000+"
     total_count: int  # the number behind it, for plurals
     next_runs: dict[int, NextRun]  # waiting items: when they run, or what holds them
@@ -272,30 +273,43 @@ def position_of(item: Item, order: tuple[str, ...]) -> tuple:
 
 
 def listed(base, data: dict, order: tuple[str, ...], position: tuple | None,
-           limit: int) -> list[Item]:
+           limit: int, *, newer: bool = False) -> list[Item]:
     """Up to `limit` of the list's items after `position` (from its start when None), in the
-    list's order: a page, or a chunk of its export."""
-    page = base.filter(keyset_after(order, position, descending=True)) if position else base
-    return newest_first(page, listed_statuses(data, order), limit, order,
-                        by_status=not data.get("payload"))
+    list's order: a page, or a chunk of its export. `newer` walks back towards the list's
+    start instead, nearest to `position` first."""
+    if position:
+        base = base.filter(keyset_after(order, position, descending=not newer))
+    return newest_first(base, listed_statuses(data, order), limit, order,
+                        by_status=not data.get("payload"), oldest=newer)
 
 
 def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
     order = list_order(data)
     base = filtered_items(queue, data)
-    rows = listed(base, data, order, data.get("cursor"), PAGE_SIZE + 1)
-    items, more = rows[:PAGE_SIZE], len(rows) > PAGE_SIZE
-    next_cursor = page_cursor(position_of(items[-1], order)) if more else ""
+    rows = []
+    if data.get("newer_than"):
+        # The page just before `newer_than`, read back towards the start. Without a whole page
+        # of items newer than it, that page is the list's first one, read from the start so
+        # that it is full.
+        rows = listed(base, data, order, data["newer_than"], PAGE_SIZE + 1, newer=True)
+    if len(rows) > PAGE_SIZE:
+        # The page we came from is older than this one.
+        items, newer, older = rows[:PAGE_SIZE][::-1], True, True
+    else:
+        rows = listed(base, data, order, data.get("cursor"), PAGE_SIZE + 1)
+        items, newer, older = rows[:PAGE_SIZE], bool(data.get("cursor")), len(rows) > PAGE_SIZE
+    next_cursor = page_cursor(position_of(items[-1], order)) if older and items else ""
+    newer_cursor = page_cursor(position_of(items[0], order)) if newer and items else ""
     total, exact = _total(queue, base, data)
-    return ItemPage(items=items, next_cursor=next_cursor,
+    return ItemPage(items=items, next_cursor=next_cursor, newer_cursor=newer_cursor,
                     total=f"{total:,}" if exact else f"{total:,}+", total_count=total,
                     next_runs=forecast.next_runs(queue, items, now),
                     by_finish=order == FINISHED_ORDER)
 
 
 def newest_first(items, statuses: list[str], limit: int,
-                 order: tuple[str, ...] = ENQUEUED_ORDER, *, by_status: bool = True
-                 ) -> list[Item]:
+                 order: tuple[str, ...] = ENQUEUED_ORDER, *, by_status: bool = True,
+                 oldest: bool = False) -> list[Item]:
     """Newest first across statuses in one statement: one index-ordered scan per status
     (the indexes lead with queue and status) merged by the outer ORDER BY, never a sort of
     every matching row.
@@ -303,20 +317,23 @@ def newest_first(items, statuses: list[str], limit: int,
     `by_status=False` is for a filter whose own index finds its rows (a payload containment):
     its matches are sorted whatever the statuses, and a part per status repeated that scan
     and let PostgreSQL pair it with the in-flight indexes (55 ms at 10M items in one queue,
-    against 0.1 ms for one scan)."""
+    against 0.1 ms for one scan).
+
+    `oldest=True` reads the other way, oldest first (a page of newer items, walked back)."""
     if not statuses:
         return []
+    sign, direction = ("", "ASC") if oldest else ("-", "DESC")
     if not by_status:
-        ordered = items.filter(status__in=statuses).order_by(*[f"-{name}" for name in order])
+        ordered = items.filter(status__in=statuses).order_by(*[sign + name for name in order])
         return list(ordered[:limit])
     parts, params = [], []
     for status in statuses:
-        query = items.filter(status=status).order_by(*[f"-{name}" for name in order])[:limit].query
+        query = items.filter(status=status).order_by(*[sign + name for name in order])[:limit].query
         sql, part_params = query.sql_with_params()
         parts.append(f"SELECT * FROM ({sql}) AS s{len(parts)}")
         params += part_params
     sql = (" UNION ALL ".join(parts) + " ORDER BY "
-           + ", ".join(f"{name} DESC" for name in order) + f" LIMIT {int(limit)}")
+           + ", ".join(f"{name} {direction}" for name in order) + f" LIMIT {int(limit)}")
     return list(Item.objects.raw(sql, params))
 
 
