@@ -41,9 +41,16 @@ def test_newest_first_with_keyset_pages(role_client):
     first = client.get("/audit/").context
     assert [e.target for e in first["entries"][:2]] == ["item 54", "item 53"]
     assert len(first["entries"]) == 50
-    second = client.get("/audit/", {"before": first["next_before"]}).context
+    second = client.get("/audit/", {"before": first["page"].older}).context
     assert [e.target for e in second["entries"]] == [f"item {n}" for n in range(4, -1, -1)]
-    assert second["next_before"] is None
+    assert second["page"].older is None
+    # "← Newer" walks back to the first page, whole.
+    back = client.get("/audit/", {"after": second["page"].newer})
+    assert [e.target for e in back.context["entries"]] == [
+        e.target for e in first["entries"]]
+    assert back.context["page"].newer is None and "← Newer" not in back.content.decode()
+    assert "Older →" in back.content.decode()
+    assert client.get("/audit/", {"after": 2**63}).status_code == 400
 
 
 def test_filters_by_actor_action_prefix_queue_and_time(role_client):

@@ -8,9 +8,9 @@ from django import forms
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from queues.models import AuditEntry, Queue
+from queues.models import MAX_ID, AuditEntry, Queue
 from queues.permissions import can_operate, render_page, viewer_required
-from queues.web import masking
+from queues.web import masking, queries
 from queues.web.export import Echo, csv_cell, csv_download
 from queues.web.forms import DATETIME_LOCAL, check_range
 
@@ -28,7 +28,10 @@ class AuditFilterForm(forms.Form):
                                 widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     until = forms.DateTimeField(required=False, input_formats=DATETIME_LOCAL, label="To",
                                 widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
-    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+    before = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID,
+                                label="Page position", widget=forms.HiddenInput)
+    after = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID,
+                               label="Page position", widget=forms.HiddenInput)
 
     def clean(self):
         data = super().clean()
@@ -58,16 +61,13 @@ def audit_log(request):
     form = AuditFilterForm(request.GET)
     if not form.is_valid():
         return render_page(request, "queues/audit.html", {"form": form, "entries": []}, status=400)
-    entries = form.entries()
-    if form.cleaned_data["before"]:
-        entries = entries.filter(id__lt=form.cleaned_data["before"])
-    page = list(entries[:LIST_SIZE + 1])
+    page = queries.id_page(form.entries(), before=form.cleaned_data["before"],
+                           after=form.cleaned_data["after"], size=LIST_SIZE)
     mask = _filter_masker(request.user)
-    for entry in page:
+    for entry in page.rows:
         entry.filter = mask(entry)
     return render_page(request, "queues/audit.html", {
-        "entries": page[:LIST_SIZE], "form": form,
-        "next_before": page[LIST_SIZE - 1].pk if len(page) > LIST_SIZE else None})
+        "entries": page.rows, "form": form, "page": page})
 
 
 def _filter_masker(user):

@@ -390,7 +390,10 @@ class DeadLetterFilterForm(forms.Form):
     reason = forms.ChoiceField(required=False, choices=DEAD_LETTER_REASONS)
     period = forms.ChoiceField(required=False, label="Failed", choices=[
         ("", "Any time"), ("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")])
-    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+    before = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID,
+                                label="Page position", widget=forms.HiddenInput)
+    after = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID,
+                               label="Page position", widget=forms.HiddenInput)
 
 
 class AlertScopeForm(forms.Form):

@@ -222,7 +222,12 @@ def run_sweeper(request):
 @viewer_required
 def dead_letters(request):
     form = DeadLetterFilterForm(request.GET)
-    data = form.cleaned_data if form.is_valid() else {}
+    if not form.is_valid():
+        # A mistyped queue or account would otherwise list every dead letter as if filtered.
+        return render_page(request, "queues/dead_letters.html",
+                           {"form": form, "letters": [], "total": 0, "total_exact": True},
+                           status=400)
+    data = form.cleaned_data
     letters = DeadLetter.objects.filter(replayed_at__isnull=True).select_related("queue", "item")
     queue = Queue.objects.filter(key=data["queue"]).first() if data.get("queue") else None
     if queue is not None:
@@ -234,14 +239,12 @@ def dead_letters(request):
     if data.get("period"):
         letters = letters.filter(created_at__gte=timezone.now() - PERIODS[data["period"]])
     total = letters.values("id")[:queries.EXACT_COUNT_LIMIT + 1].count()
-    if data.get("before"):
-        letters = letters.filter(id__lt=data["before"])
-    page = list(letters.order_by("-id")[:LIST_SIZE + 1])
+    page = queries.id_page(letters, before=data.get("before"), after=data.get("after"),
+                           size=LIST_SIZE)
     return render_page(request, "queues/dead_letters.html", {
-        "letters": page[:LIST_SIZE], "form": form, "now": timezone.now(), "queue": queue,
+        "letters": page.rows, "form": form, "now": timezone.now(), "queue": queue,
         "total": min(total, queries.EXACT_COUNT_LIMIT),
-        "total_exact": total <= queries.EXACT_COUNT_LIMIT,
-        "next_before": page[LIST_SIZE - 1].pk if len(page) > LIST_SIZE else None})
+        "total_exact": total <= queries.EXACT_COUNT_LIMIT, "page": page})
 
 
 @require_http_methods(["GET", "POST"])

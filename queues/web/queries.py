@@ -307,6 +307,31 @@ def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
                     by_finish=order == FINISHED_ORDER)
 
 
+@dataclass
+class IdPage:
+    rows: list
+    older: int | None  # the "before" of the next older page
+    newer: int | None  # the "after" of the next newer page
+
+
+def id_page(rows, *, before: int | None, after: int | None, size: int) -> IdPage:
+    """A page of a list ordered by id, the latest first (dead letters, the audit log): the
+    `size` rows older than `before`, or newer than `after` read back towards the start. Without
+    a whole page newer than `after`, that page is the first one, read from the start."""
+    if after:
+        back = list(rows.filter(id__gt=after).order_by("id")[:size + 1])
+        if len(back) > size:
+            page = back[:size][::-1]
+            return IdPage(page, page[-1].pk, page[0].pk)
+        before = None
+    if before:
+        rows = rows.filter(id__lt=before)
+    page = list(rows.order_by("-id")[:size + 1])
+    older = page[size - 1].pk if len(page) > size else None
+    page = page[:size]
+    return IdPage(page, older, page[0].pk if before and page else None)
+
+
 def newest_first(items, statuses: list[str], limit: int,
                  order: tuple[str, ...] = ENQUEUED_ORDER, *, by_status: bool = True,
                  oldest: bool = False) -> list[Item]:
