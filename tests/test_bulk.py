@@ -442,6 +442,20 @@ def test_the_sample_of_a_range_over_failure_time_shows_the_latest_failures_first
     assert [i.pk for i in by_enqueue.sample] == [failed_early.pk, failed_late.pk]
 
 
+def test_the_sample_merges_its_statuses_newest_first_and_stops_at_its_size(queue,
+                                                                            monkeypatch):
+    monkeypatch.setattr(bulk, "SAMPLE_SIZE", 4)
+    now = timezone.now()
+    for minutes, (status, prefix) in enumerate([("queued", "q0"), ("retry", "r0"),
+                                                ("queued", "q1"), ("retry", "r1"),
+                                                ("queued", "q2"), ("retry", "r2")]):
+        [item] = items_in_status(queue, status, 1, prefix=prefix)
+        Item.objects.filter(pk=item.pk).update(created_at=now - timedelta(minutes=minutes + 1))
+    preview = bulk.preview(last_24_hours(queue, "cancel", ["queued", "retry"]))
+    assert preview.eligible == 6
+    assert [i.identifier for i in preview.sample] == ["q0-0", "r0-0", "q1-0", "r1-0"]
+
+
 def test_a_cancel_ranges_over_when_items_were_enqueued(queue):
     items_in_status(queue, "queued", 2)
     preview = bulk.preview(last_24_hours(queue, "cancel", ["queued"]))

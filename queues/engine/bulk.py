@@ -437,10 +437,29 @@ def preview(bulk_filter: BulkFilter, now: datetime | None = None) -> Preview:
                 if live_again:
                     ineligible[lifecycle.LIVE_AGAIN] += live_again
                     eligible -= live_again
-    sample = list(eligible_items.order_by(*frozen.newest_first)[:SAMPLE_SIZE]) \
-        if eligible_items is not None else []
+    sample = _sample(frozen) if eligible_items is not None else []
     return Preview(frozen, eligible, dict(ineligible), sample, too_many=eligible > cap,
                    live_again_counted=live_again_counted)
+
+
+def _sample(frozen: BulkFilter) -> list[Item]:
+    """The newest eligible items, read status by status and merged: each status's part is an
+    index order, where one ORDER BY over several statuses sorts every item in range (0.35 s
+    for 300,000 queued items of the last hour). A payload filter's own index finds its items
+    whatever their status, so they are sorted once."""
+    order = frozen.newest_first
+    if frozen.payload:
+        return list(frozen.items(frozen.eligible_statuses).order_by(*order)[:SAMPLE_SIZE])
+    parts = [frozen.items([status]).order_by(*order)[:SAMPLE_SIZE]
+             for status in frozen.eligible_statuses]
+    names = [name.lstrip("-") for name in order]
+
+    def newest(item: Item) -> tuple:
+        # Descending puts a missing time last here; no eligible item of a range lacks one.
+        return tuple((getattr(item, n) is not None, getattr(item, n)) for n in names)
+
+    return sorted((item for part in parts for item in part), key=newest,
+                  reverse=True)[:SAMPLE_SIZE]
 
 
 def start_confirmed(confirmed: Confirmed, *, expected: int, filter_hash: str, actor
