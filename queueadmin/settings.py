@@ -141,7 +141,9 @@ DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 DATA_UPLOAD_MAX_NUMBER_FILES = 0
 
 if CONFIG.is_production:
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # No SECURE_PROXY_SSL_HEADER: Django would take X-Forwarded-Proto from any client that
+    # reaches the app directly. uvicorn --proxy-headers sets the request's scheme from it only
+    # for a proxy in FORWARDED_ALLOW_IPS, and Django reads that scheme.
     SECURE_SSL_REDIRECT = True
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True

@@ -217,6 +217,34 @@ def test_the_sweeper_logs_each_lost_item_with_its_queue_item_and_account(caplog)
 
 # --- the services' commands, run directly -------------------------------------------------------
 
+@pytest.mark.postgres
+@pytest.mark.parametrize(("proxies", "answer"), [("10.9.9.9", 301), ("127.0.0.1", 302)])
+def test_only_a_listed_proxy_can_say_a_request_came_over_https(tmp_path, proxies, answer):
+    """The web service's own command in production: X-Forwarded-Proto from a client that
+    reaches it directly still gets the redirect to HTTPS; from a proxy in FORWARDED_ALLOW_IPS
+    it is believed (then the page asks for a login)."""
+    port = processes.free_port()
+    web_args = SERVICES["web"]["command"][1:]
+    web_args[web_args.index("--host") + 1] = "127.0.0.1"
+    web_args[web_args.index("--port") + 1] = str(port)
+    env = production_env() | SERVICES["web"]["environment"] | {"FORWARDED_ALLOW_IPS": proxies}
+    with (tmp_path / "web.log").open("w") as log:
+        web = processes.start(["-m", "uvicorn", *web_args], env, log)
+        try:
+            assert processes.wait_for(lambda: healthz(port) is not None, 30), \
+                (tmp_path / "web.log").read_text()
+            response = requests.get(f"http://127.0.0.1:{port}/", allow_redirects=False,
+                                    headers={"Host": "queueadmin.example.com",
+                                             "X-Forwarded-Proto": "https"}, timeout=10)
+        finally:
+            processes.stop([web])
+    assert response.status_code == answer
+    if answer == 301:
+        assert response.headers["Location"].startswith("https://queueadmin.example.com/")
+    else:
+        assert "/accounts/login/" in response.headers["Location"]
+
+
 def production_env() -> dict:
     return {"QUEUEADMIN_ENV": "production", "SECRET_KEY": STRONG_KEY,
             "ALLOWED_HOSTS": "queueadmin.example.com", "QUEUEADMIN_LOG_FORMAT": "json"}
