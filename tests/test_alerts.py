@@ -7,6 +7,7 @@ run of `manage.py alerts` as a real process."""
 import hashlib
 import hmac
 import json
+import time
 from datetime import timedelta
 from io import StringIO
 
@@ -332,6 +333,22 @@ def test_healthz_evaluates_the_no_cluster_rule(client):
     client.get("/healthz")
     firing = AlertFiring.objects.get()
     assert (firing.rule.kind, firing.rule.queue) == ("no_cluster", None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_healthz_answers_before_a_slow_receiver_gets_its_notice(client, settings, receiver):
+    # Each channel may wait its delivery timeout per network step: longer than a probe waits.
+    configure(settings, ALERT_EMAILS=[], ALERT_WEBHOOK_URL=receiver.url("/slow?seconds=3"),
+              WEBHOOK_ALLOWED_HOSTS=["127.0.0.1"])
+    started = time.monotonic()
+    assert client.get("/healthz").status_code == 200
+    assert time.monotonic() - started < 2
+    for thread in list(alerts.background_deliveries):
+        thread.join(10)
+    firing = AlertFiring.objects.get()
+    assert firing.rule.kind == "no_cluster" and firing.delivery == {"webhook": "sent"}
+    assert [r.path for r in receiver.received] == ["/slow"]
+    assert AlertRun.objects.get().counts["notices sent in the background"] == 1
 
 
 def test_the_schedule_evaluates_every_rule_and_leaves_the_web_nothing_to_do(notify):

@@ -21,6 +21,7 @@ buckets, the head of an index (oldest wait) and the liveness records: never a co
 
 import json
 import logging
+import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -150,10 +151,11 @@ def run() -> dict[str, int] | None:
     return evaluate(source="schedule")
 
 
-def evaluate(now: datetime | None = None, *, kinds=None,
-             source: str = "schedule") -> dict[str, int] | None:
+def evaluate(now: datetime | None = None, *, kinds=None, source: str = "schedule",
+             deliver_later: bool = False) -> dict[str, int] | None:
     """Evaluate every rule (or those of `kinds`), deliver the notices due, record the run.
-    Returns what changed, or None when another evaluation holds the lock."""
+    Returns what changed, or None when another evaluation holds the lock. `deliver_later`
+    sends the notices from a thread of their own (see deliver_in_background)."""
     now = now or timezone.now()
     changed: Counter = Counter()
     with transaction.atomic():
@@ -181,8 +183,12 @@ def evaluate(now: datetime | None = None, *, kinds=None,
         changed["firings pruned"] += AlertFiring.objects.filter(
             ended_at__lt=now - FIRING_RETENTION).delete()[0]
     # Deliveries wait on the network: never inside the transaction (or the lock).
-    for notice in notices:
-        changed.update(deliver(notice))
+    if deliver_later and notices:
+        deliver_in_background(notices)
+        changed["notices sent in the background"] += len(notices)
+    else:
+        for notice in notices:
+            changed.update(deliver(notice))
     counts = {action: n for action, n in changed.items() if n}
     AlertRun.objects.create(started_at=now, finished_at=timezone.now(), source=source,
                             counts=counts)
@@ -244,11 +250,12 @@ def _alone() -> bool:
         return cursor.fetchone()[0]
 
 
-def evaluate_from_web(now: datetime | None = None) -> dict[str, int] | None:
+def evaluate_from_web(now: datetime | None = None, *,
+                      deliver_later: bool = False) -> dict[str, int] | None:
     """The outside-only rules, evaluated by a web process when nobody evaluated them in the last
     minute. A compare-and-set on the rules' checked_at lets one process of many win a minute,
     and the schedule's evaluations (which set it too) leave nothing to do while clusters beat.
-    Never raises: it rides on a health probe, which must answer."""
+    Never raises: it rides on a health probe, which must answer (so the probe delivers later)."""
     now = now or timezone.now()
     try:
         claimed = AlertRule.objects.filter(kind__in=OUTSIDE_KINDS, enabled=True).filter(
@@ -256,7 +263,7 @@ def evaluate_from_web(now: datetime | None = None) -> dict[str, int] | None:
         ).update(checked_at=now)
         if not claimed:
             return None
-        return evaluate(now, kinds=OUTSIDE_KINDS, source="web")
+        return evaluate(now, kinds=OUTSIDE_KINDS, source="web", deliver_later=deliver_later)
     except Exception:
         log.exception("evaluating the alert rules from a web process failed")
         return None
@@ -387,6 +394,30 @@ def deliver(notice: Notice) -> Counter:
                     outcome[channel])
     return Counter({f"{notice.event} notices": 1, "deliveries": len(outcome) - len(failed),
                     "deliveries failed": len(failed)})
+
+
+# Threads sending a health probe's notices; a test or a shutdown can wait for them.
+background_deliveries: set[threading.Thread] = set()
+
+
+def deliver_in_background(notices: list[Notice]) -> threading.Thread:
+    """Deliver from a daemon thread: a health probe answers at once, where each channel may
+    wait up to the delivery timeout per network operation (connect, then read; every step of
+    an SMTP exchange), longer than a probe's timeout."""
+    def run():
+        try:
+            for notice in notices:
+                deliver(notice)
+        except Exception:
+            log.exception("delivering alert notices in the background failed")
+        finally:
+            connection.close()  # this thread's own connection
+            background_deliveries.discard(thread)
+
+    thread = threading.Thread(target=run, name="alert-notices", daemon=True)
+    background_deliveries.add(thread)
+    thread.start()
+    return thread
 
 
 def send_email(text: str, recipients: list[str]) -> str:

@@ -104,8 +104,9 @@ def healthz(request):
         return JsonResponse({"status": "unavailable", "database": "unreachable"}, status=503,
                             headers={"Retry-After": "5"})
     # Probes reach every web process often, whether or not any cluster runs: the rule that no
-    # cluster is beating is evaluated here (at most once a minute across the processes).
-    alerts.evaluate_from_web(now)
+    # cluster is beating is evaluated here (at most once a minute across the processes); its
+    # notices go out after the answer.
+    alerts.evaluate_from_web(now, deliver_later=True)
     return JsonResponse(body)
 
 
