@@ -16,7 +16,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.validators import validate_email
 
-from queues.conf import normal_host
+from queues.conf import MIN_START_WINDOW_SECONDS, MIN_TASK_TIMEOUT_SECONDS, normal_host
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 ENVIRONMENTS = ("development", "production")
@@ -29,7 +29,6 @@ LOG_FORMATS = ("json", "plain")
 # Scrapers on the same machine may read /metrics in development without a token.
 DEVELOPMENT_METRICS_NETWORKS = "127.0.0.0/8,::1/128"
 METRICS_TOKEN_MIN_LENGTH = 32
-MIN_START_WINDOW_SECONDS = 30
 HOST_NAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$")
 
 
@@ -279,7 +278,7 @@ def load(environ: os._Environ | dict | None = None) -> Config:
     )
 
     q_timeout = parse_int("QUEUEADMIN_TASK_TIMEOUT", environ.get("QUEUEADMIN_TASK_TIMEOUT", "300"),
-                          minimum=10)
+                          minimum=MIN_TASK_TIMEOUT_SECONDS)
     default_stale = "7200" if production else "900"
     stale = parse_int(
         "QUEUEADMIN_STALE_THRESHOLD",

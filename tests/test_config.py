@@ -1,6 +1,8 @@
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +98,10 @@ def test_admins_need_a_second_factor_in_production_unless_turned_off():
         ({"DATABASE_URL": "postgres://u@h:5432/"}, "needs a database name"),
         ({"QUEUEADMIN_PROCESS": "cron"}, "QUEUEADMIN_PROCESS='cron'"),
         ({"QUEUEADMIN_TASK_TIMEOUT": "ten"}, "is not an integer"),
+        # The selector loop runs until the next minute's tick: refused at start, not only by
+        # `manage.py check`.
+        ({"QUEUEADMIN_TASK_TIMEOUT": "100", "QUEUEADMIN_HANDLER_TIMEOUT": "60"},
+         "QUEUEADMIN_TASK_TIMEOUT=100 must be at least 120"),
         ({"QUEUEADMIN_STALE_THRESHOLD": "300"}, "must exceed QUEUEADMIN_TASK_TIMEOUT"),
         ({"QUEUEADMIN_WORKERS": "1"}, "QUEUEADMIN_WORKERS=1 must be at least 2"),
         ({"QUEUEADMIN_HANDLER_TIMEOUT": "290"}, "QUEUEADMIN_HANDLER_TIMEOUT=290s must be at most"),
@@ -152,3 +158,17 @@ def test_a_bad_setting_stops_the_web_process_with_one_clear_line():
     assert proc.returncode == 2
     assert proc.stderr.startswith("Configuration error: SECRET_KEY is required in production")
     assert "Traceback" not in proc.stderr
+
+
+def test_the_readme_and_env_example_name_every_variable_the_settings_read():
+    """A variable the configuration table leaves out is one an operator never hears of."""
+    root = Path(config.__file__).resolve().parent.parent
+    source = Path(config.__file__).read_text()
+    read = set(re.findall(r'"((?:QUEUEADMIN|EMAIL)_[A-Z_]+|DATABASE_URL|SECRET_KEY|'
+                          r'ALLOWED_HOSTS|DEBUG|DEFAULT_FROM_EMAIL)"', source))
+    assert len(read) > 25
+    table = (root / "README.md").read_text().split("## Configuration", 1)[1]
+    assert {name for name in read if f"`{name}`" not in table} == set()
+    compose = (root / "docker-compose.yml").read_text()
+    for name in set(re.findall(r"\$\{([A-Z_]+)", compose)):
+        assert f"`{name}`" in table
