@@ -287,3 +287,24 @@ def test_a_selection_with_nothing_to_act_on_says_so_without_a_range(role_client,
     assert ("Nothing to cancel: none of the selected items is queued, dispatched or retrying."
             in html)
     assert "Widen the time range" not in html
+
+
+def test_a_link_without_preview_fills_the_form_in_without_marking_anything_invalid(
+        role_client, queue):
+    html = role_client("Operator").get(
+        f"/queues/{queue.key}/bulk/", {"kind": "retry", "status": ["failed", "cancelled"],
+                                       "account": "acme"}).content.decode()
+    assert 'aria-invalid' not in html
+    assert re.search(r'<input type="radio" name="kind" value="retry"[^>]* checked', html)
+    assert re.search(r'value="failed"[^>]* checked', html)
+    assert re.search(r'value="cancelled"[^>]* checked', html)
+    assert re.search(r'name="account" value="acme"', html)
+
+
+def test_a_refused_preview_names_each_field_by_the_id_its_widget_points_to(role_client, queue):
+    html = role_client("Operator").get(
+        f"/queues/{queue.key}/bulk/", {"kind": "retry", "preview": "1", "period": "custom"},
+    ).content.decode()
+    field = re.search(r'<input type="datetime-local" name="created_from"[^>]*>', html).group()
+    assert 'aria-invalid="true"' in field and "id_created_from_error" in field
+    assert re.search(r'<li id="id_created_from_error">From', html)

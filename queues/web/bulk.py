@@ -1,6 +1,7 @@
 """Bulk retry and cancel pages: the form and its preview, confirmation, and each operation's
 progress. The work itself is queues.engine.bulk; these views parse, check roles and render."""
 
+from django import forms
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect
@@ -36,17 +37,26 @@ def _preview_context(queue, preview: bulk.Preview) -> dict:
             "live_again_check_max": bulk.LIVE_AGAIN_CHECK_MAX}
 
 
+def _initial(query) -> dict:
+    fields = BulkForm.base_fields
+    return {name: query.getlist(name) if isinstance(fields[name], forms.MultipleChoiceField)
+            else query[name] for name in query if name in fields}
+
+
 @require_GET
 @viewer_required
 @vary_on_headers("HX-Request")
 def bulk_page(request, key):
     """The form; with `preview=1` (Operators) also what it would change, as of now."""
     queue = get_object_or_404(Queue, key=key)
-    form = BulkForm(request.GET or None)
+    previewing = bool(request.GET.get("preview")) and can_operate(request.user)
+    # Without a preview the query only fills the form in: bound, its empty required fields
+    # would be marked invalid before the operator did anything.
+    form = BulkForm(request.GET) if previewing else BulkForm(initial=_initial(request.GET))
     context = {"queue": queue, "form": form, "operations": BulkOperation.objects.filter(
         queue=queue).order_by("-created_at")[:RECENT_OPERATIONS]}
     status = 200
-    if request.GET.get("preview") and can_operate(request.user):
+    if previewing:
         if form.is_valid():
             data = form.cleaned_data
             _check_purge_role(request.user, data["kind"])

@@ -77,9 +77,12 @@ def test_open_an_item_with_a_traceback_and_retry_it_without_a_reload(open_page, 
     check_accessibility(page, axe, "item-detail")
     expect(page.locator("#queue-counts")).to_contain_text("1 dead letters")
     page.evaluate("window.notReloaded = true")
-    page.get_by_role("button", name="Retry").click()
+    page.get_by_role("button", name="Retry").focus()
+    page.keyboard.press("Enter")
     expect(page.locator("#item-status")).to_have_text("Queued")
     expect(page.get_by_text("Retry: done.")).to_be_visible()
+    # The Retry button is gone: the focus is on what it did, not on Cancel beside it.
+    expect(page.get_by_text("Retry: done.")).to_be_focused()
     # The action's HX-Trigger makes the counts strip fetch itself again.
     expect(page.locator("#queue-counts")).to_contain_text("0 dead letters")
     assert page.evaluate("window.notReloaded") is True
@@ -147,6 +150,10 @@ def test_a_bulk_preview_goes_once_its_filters_change(open_page, dashboard_server
     expect(confirm).to_be_visible()
     # The keyboard starts at the preview: its confirm button is a few Tabs away, not 50.
     expect(page.locator("#bulk-preview-title")).to_be_focused()
+    # Its times age every second on screen, not in a screen reader's ear (a live region).
+    ages = page.locator("#bulk-preview [data-relative]")
+    expect(ages.first).to_have_attribute("aria-hidden", "true")
+    assert ages.evaluate_all("els => els.every(e => e.getAttribute('aria-hidden') === 'true')")
     page.get_by_role("textbox", name="Account").fill("acme")
     expect(confirm).to_have_count(0)
     expect(page.locator("#bulk-preview")).to_contain_text("The filters changed: preview again")

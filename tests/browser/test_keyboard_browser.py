@@ -192,3 +192,47 @@ def test_typing_a_date_chooses_from_to_and_a_preset_clears_the_dates(open_page,
     expect(period).to_have_value("custom")
     period.select_option("24h")
     expect(start).to_have_value("")
+
+
+def test_apply_keeps_the_focus_on_its_button_and_the_new_count_is_said(open_page,
+                                                                     dashboard_server):
+    # The button is disabled while its request runs, which dropped the focus to <body>.
+    page = open_page("viewer")
+    page.goto(f"{dashboard_server}/queues/emails/?status=failed")
+    apply = page.locator("#item-filters").get_by_role("button", name="Apply")
+    page.get_by_label("Identifier starts with").fill("invoice")
+    apply.focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#announcer")).to_have_text(re.compile(r"^\d+ items? newest first$"))
+    expect(apply).to_be_focused()
+
+
+def test_a_filter_error_marks_its_field_and_the_field_names_the_error(open_page,
+                                                                     dashboard_server):
+    page = open_page("viewer", answered=(400,))
+    page.goto(f"{dashboard_server}/queues/emails/")
+    payload = page.get_by_label("Payload field")
+    payload.fill("no equals sign")
+    payload.press("Enter")
+    error = page.locator("#id_payload_error")
+    expect(error).to_contain_text("Payload field")
+    expect(payload).to_have_attribute("aria-invalid", "true")
+    assert "id_payload_error" in payload.get_attribute("aria-describedby").split()
+    # Fixed and sent again, the field is no longer marked.
+    payload.fill("n = 1")
+    payload.press("Enter")
+    expect(page.locator("#id_payload_error")).to_have_count(0)
+    expect(payload).not_to_have_attribute("aria-invalid", "true")
+
+
+def test_a_skip_link_goes_past_the_charts_and_filters_to_the_items(open_page, dashboard_server):
+    page = open_page("operator")
+    page.goto(f"{dashboard_server}/queues/emails/")
+    page.keyboard.press("Tab")
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Skip to the items")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("#item-list")).to_be_focused()
+    page.keyboard.press("Tab")
+    # The next stop is the list's first control (its bulk action, or its first item).
+    assert page.evaluate("document.activeElement.closest('#item-list') !== null")

@@ -120,3 +120,14 @@ def test_the_overview_fits_a_laptop_window_with_its_alerts_firing(open_page):
     table.screenshot(path=artifact("laptop-overview"))
     width, room = table.evaluate("box => [box.scrollWidth, box.clientWidth]")
     assert width <= room, f"the overview is {width} px wide in {room} px: a column is cut off"
+
+
+@pytest.mark.parametrize("name", ["item", "accounts", "activity", "overview"])
+def test_at_320_px_wide_no_card_pushes_the_page_sideways(open_page, dashboard_server, main_pages,
+                                                         name):
+    # 320 CSS px: the narrowest phones, and a 1280 px window zoomed to 400% (WCAG 1.4.10).
+    narrow = {"width": 320, "height": 640}
+    page = open_page("operator", viewport=narrow)
+    page.goto(dashboard_server + (main_pages | MORE_PAGES)[name])
+    expect(page.locator("h1")).to_be_visible()
+    assert page_width(page) <= narrow["width"], f"{name} is {page_width(page)} px wide"

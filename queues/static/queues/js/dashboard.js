@@ -28,14 +28,19 @@
   });
   document.addEventListener("htmx:sendError", function () { setConnection(false); });
 
-  // An action's form or button is busy while its request runs: pressed once, sent once.
-  function actionButtons(elt) {
+  // An action's form or button is busy while its request runs: pressed once, sent once. A GET
+  // (a filter, a preview) changes nothing, and disabling its form's buttons would take the
+  // focus from a button tabbed to while the form's change event is being answered.
+  function actionButtons(event) {
+    var elt = event.detail.elt, config = event.detail.requestConfig;
+    if (config && config.verb === "get") { return []; }
     if (elt.tagName === "FORM") { return Array.prototype.slice.call(elt.querySelectorAll("button")); }
     return elt.tagName === "BUTTON" ? [elt] : [];
   }
   // An action whose region the response replaces would drop the keyboard focus to <body>: it
-  // goes back to the control of the same words in the new region, else to its first control,
-  // else to the region itself. Noted before the request, since its buttons are then disabled.
+  // goes back to the control of the same words in the new region, else to the action's
+  // message there, else to its first control, else to the region itself. Noted before the
+  // request, since its buttons are then disabled.
   var focusToRestore = null;
   document.addEventListener("htmx:beforeRequest", function (event) {
     var region = event.detail.target, active = document.activeElement;
@@ -57,30 +62,82 @@
       region.querySelectorAll("button:not([disabled]), a[href], input:not([type=hidden]), select"),
       function (control) { return control.getClientRects().length > 0; });
     var same = controls.filter(function (control) { return control.textContent.trim() === words; });
-    var next = same[0] || controls[0];
+    // The pressed control is gone (Retry, on an item that is queued again): the focus goes to
+    // what the action says it did, rather than to a neighbour such as Cancel.
+    var said = region.querySelector(".message[role=status]");
+    if (!same[0] && said) { said.tabIndex = -1; }
+    var next = same[0] || said || controls[0];
     if (!next) {
       region.tabIndex = -1;
       next = region;
     }
     next.focus();
   });
+  // Disabling the focused button drops the focus to <body> when the response goes elsewhere
+  // (a filter form's Apply, whose list is replaced): it comes back to the button, unless the
+  // response put it somewhere (an autofocused preview heading).
+  var busyFocus = null;
   document.addEventListener("htmx:beforeRequest", function (event) {
-    actionButtons(event.detail.elt).forEach(function (button) {
+    var buttons = actionButtons(event);
+    if (buttons.indexOf(document.activeElement) >= 0) { busyFocus = document.activeElement; }
+    buttons.forEach(function (button) {
       button.disabled = true;
       button.setAttribute("aria-busy", "true");
     });
   });
   document.addEventListener("htmx:afterRequest", function (event) {
-    actionButtons(event.detail.elt).forEach(function (button) {
+    actionButtons(event).forEach(function (button) {
       button.disabled = false;
       button.removeAttribute("aria-busy");
     });
+    var button = busyFocus;
+    busyFocus = null;
+    if (button && document.contains(button) &&
+        (!document.activeElement || document.activeElement === document.body)) {
+      button.focus();
+    }
+  });
+
+  // A form whose errors come back into another region (a filter form's list, the bulk
+  // preview) is not re-rendered, so its fields are marked here: each error's id is the one
+  // Django's widget names in aria-describedby (_form_errors.html). Sending the form again
+  // clears the marks; the answer sets them anew.
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var form = event.detail.elt;
+    if (form.tagName !== "FORM") { return; }
+    form.querySelectorAll("[aria-invalid]").forEach(function (field) {
+      field.removeAttribute("aria-invalid");
+    });
+  });
+  document.addEventListener("htmx:afterSettle", function (event) {
+    if (!event.target.querySelectorAll) { return; }
+    event.target.querySelectorAll("[id$='_error']").forEach(function (error) {
+      var field = document.getElementById(error.id.slice(0, -"_error".length));
+      if (!field || !field.form) { return; }
+      field.setAttribute("aria-invalid", "true");
+      var described = (field.getAttribute("aria-describedby") || "").split(/\s+/);
+      if (described.indexOf(error.id) < 0) {
+        field.setAttribute("aria-describedby", described.concat(error.id).join(" ").trim());
+      }
+    });
+  });
+
+  // What a list now holds after the operator filtered or paged it, said once in a status line
+  // that is always on the page (the list itself is not a live region: its refreshes would talk).
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var trigger = event.detail.requestConfig && event.detail.requestConfig.triggeringEvent;
+    if (trigger && trigger.type === "queueadmin:tick") { return; }
+    var said = event.target.querySelector && event.target.querySelector("[data-announce]");
+    var announcer = document.getElementById("announcer");
+    if (said && announcer) { announcer.textContent = said.textContent.replace(/\s+/g, " ").trim(); }
   });
   // Plain (non-htmx) posts navigate away: their buttons stay pressed until the next page.
   document.addEventListener("submit", function (event) {
     var form = event.target;
     if (form.method === "post" && !form.hasAttribute("hx-post")) {
-      setTimeout(function () { actionButtons(form).forEach(function (b) { b.disabled = true; }); }, 0);
+      setTimeout(function () {
+        form.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
+      }, 0);
     }
   });
 
@@ -199,6 +256,9 @@
     document.querySelectorAll("time[datetime] [data-relative]").forEach(function (el) {
       var moment = parseTime(el.closest("time").getAttribute("datetime"));
       if (!isNaN(moment)) {
+        // Inside a live region a time rewritten every second would be read out every second:
+        // there screen readers keep the absolute time beside it.
+        if (el.closest("[aria-live]")) { el.setAttribute("aria-hidden", "true"); }
         el.textContent = "(" + relativeWords((moment - now) / 1000) + ")";
       }
     });

@@ -8,6 +8,7 @@
   var body = document.getElementById("stream-rows");
   var pauseButton = document.getElementById("stream-pause");
   var buffered = document.getElementById("stream-buffered");
+  var bufferedSaid = document.getElementById("stream-buffered-said");
   var connection = document.getElementById("stream-connection");
   var notice = document.getElementById("stream-notice");
   var rowCap = parseInt(table.dataset.rowCap, 10);
@@ -50,14 +51,29 @@
     }, 0);
   }
 
+  // A status line rewritten with every event would have a screen reader talk without end: it
+  // says the count when events start to wait, then at most every SAY_MS.
+  var SAY_MS = 15000;
+  var saidAt = 0, sayTimer = null;
+  function say() {
+    sayTimer = null;
+    saidAt = Date.now();
+    bufferedSaid.textContent = buffered.textContent;
+  }
   function showCount() {
     var count = eventsIn(held) + dropped;
     if (!paused || !count) {
-      buffered.textContent = "";
+      buffered.textContent = bufferedSaid.textContent = "";
+      clearTimeout(sayTimer);
+      sayTimer = null;
+      saidAt = 0;
       return;
     }
-    buffered.textContent = count + " new events while frozen" +
+    buffered.textContent = count + (count === 1 ? " new event" : " new events") + " while frozen" +
       (dropped ? " (" + dropped + " oldest not kept)" : "");
+    if (sayTimer === null) {
+      sayTimer = setTimeout(say, Math.max(0, saidAt + SAY_MS - Date.now()));
+    }
   }
 
   function receive(html, position) {
