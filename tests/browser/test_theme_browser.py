@@ -28,7 +28,8 @@ def choose_theme(page, server: str, label: str):
     page.goto(f"{server}/preferences/")
     page.get_by_label(label).check()
     page.get_by_role("button", name="Save").click()
-    playwright_sync.expect(page.get_by_role("status")).to_contain_text(f"theme: {label}")
+    saved = page.get_by_role("status").filter(has_text="Saved")
+    playwright_sync.expect(saved).to_contain_text(f"theme: {label}")
 
 
 @pytest.mark.parametrize(("system", "expected"), [("light", LIGHT_BG), ("dark", DARK_BG)])
