@@ -443,23 +443,12 @@ def preview(bulk_filter: BulkFilter, now: datetime | None = None) -> Preview:
 
 
 def _sample(frozen: BulkFilter) -> list[Item]:
-    """The newest eligible items, read status by status and merged: each status's part is an
-    index order, where one ORDER BY over several statuses sorts every item in range (0.35 s
-    for 300,000 queued items of the last hour). A payload filter's own index finds its items
-    whatever their status, so they are sorted once."""
-    order = frozen.newest_first
-    if frozen.payload:
-        return list(frozen.items(frozen.eligible_statuses).order_by(*order)[:SAMPLE_SIZE])
-    parts = [frozen.items([status]).order_by(*order)[:SAMPLE_SIZE]
-             for status in frozen.eligible_statuses]
-    names = [name.lstrip("-") for name in order]
-
-    def newest(item: Item) -> tuple:
-        # Descending puts a missing time last here; no eligible item of a range lacks one.
-        return tuple((getattr(item, n) is not None, getattr(item, n)) for n in names)
-
-    return sorted((item for part in parts for item in part), key=newest,
-                  reverse=True)[:SAMPLE_SIZE]
+    """The newest eligible items: over several statuses one ORDER BY sorts every item in range
+    (0.35 s for 300,000 queued items of the last hour), so each status is read in its index's
+    order (newest_first)."""
+    return newest_first(frozen.items(frozen.eligible_statuses), list(frozen.eligible_statuses),
+                        SAMPLE_SIZE, tuple(name.lstrip("-") for name in frozen.newest_first),
+                        by_status=not frozen.payload)
 
 
 def start_confirmed(confirmed: Confirmed, *, expected: int, filter_hash: str, actor
@@ -656,6 +645,36 @@ def keyset_after(columns: tuple[str, ...], values: tuple, descending: bool = Fal
     # Names from the model and placeholders only: the values travel as parameters.
     return RawSQL(f"({names}) {'<' if descending else '>'} ({marks})", params,  # noqa: S611
                   output_field=BooleanField())
+
+
+def newest_first(items, statuses: list[str], limit: int,
+                 order: tuple[str, ...], *, by_status: bool = True,
+                 oldest: bool = False) -> list[Item]:
+    """Newest first across statuses in one statement: one index-ordered scan per status
+    (the indexes lead with queue and status) merged by the outer ORDER BY, never a sort of
+    every matching row.
+
+    `by_status=False` is for a filter whose own index finds its rows (a payload containment):
+    its matches are sorted whatever the statuses, and a part per status repeated that scan
+    and let PostgreSQL pair it with the in-flight indexes (55 ms at 10M items in one queue,
+    against 0.1 ms for one scan).
+
+    `oldest=True` reads the other way, oldest first (a page of newer items, walked back)."""
+    if not statuses:
+        return []
+    sign, direction = ("", "ASC") if oldest else ("-", "DESC")
+    if not by_status:
+        ordered = items.filter(status__in=statuses).order_by(*[sign + name for name in order])
+        return list(ordered[:limit])
+    parts, params = [], []
+    for status in statuses:
+        query = items.filter(status=status).order_by(*[sign + name for name in order])[:limit].query
+        sql, part_params = query.sql_with_params()
+        parts.append(f"SELECT * FROM ({sql}) AS s{len(parts)}")
+        params += part_params
+    sql = (" UNION ALL ".join(parts) + " ORDER BY "
+           + ", ".join(f"{name} {direction}" for name in order) + f" LIMIT {int(limit)}")
+    return list(Item.objects.raw(sql, params))
 
 
 def resume_lost(older_than: datetime) -> int:

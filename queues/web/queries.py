@@ -18,7 +18,7 @@ from django.db.models import Exists, Min, OuterRef, Q
 
 from queues.engine import counters, forecast
 from queues.engine.account_stats import recent_service
-from queues.engine.bulk import CLOCKS, PREFIX_END, keyset_after
+from queues.engine.bulk import CLOCKS, PREFIX_END, keyset_after, newest_first
 from queues.engine.db import from_db_datetime, is_postgres, to_db_datetime
 from queues.engine.errors import group_key, group_pattern, normalise_error
 from queues.engine.forecast import NextRun
@@ -330,36 +330,6 @@ def id_page(rows, *, before: int | None, after: int | None, size: int) -> IdPage
     older = page[size - 1].pk if len(page) > size else None
     page = page[:size]
     return IdPage(page, older, page[0].pk if before and page else None)
-
-
-def newest_first(items, statuses: list[str], limit: int,
-                 order: tuple[str, ...] = ENQUEUED_ORDER, *, by_status: bool = True,
-                 oldest: bool = False) -> list[Item]:
-    """Newest first across statuses in one statement: one index-ordered scan per status
-    (the indexes lead with queue and status) merged by the outer ORDER BY, never a sort of
-    every matching row.
-
-    `by_status=False` is for a filter whose own index finds its rows (a payload containment):
-    its matches are sorted whatever the statuses, and a part per status repeated that scan
-    and let PostgreSQL pair it with the in-flight indexes (55 ms at 10M items in one queue,
-    against 0.1 ms for one scan).
-
-    `oldest=True` reads the other way, oldest first (a page of newer items, walked back)."""
-    if not statuses:
-        return []
-    sign, direction = ("", "ASC") if oldest else ("-", "DESC")
-    if not by_status:
-        ordered = items.filter(status__in=statuses).order_by(*[sign + name for name in order])
-        return list(ordered[:limit])
-    parts, params = [], []
-    for status in statuses:
-        query = items.filter(status=status).order_by(*[sign + name for name in order])[:limit].query
-        sql, part_params = query.sql_with_params()
-        parts.append(f"SELECT * FROM ({sql}) AS s{len(parts)}")
-        params += part_params
-    sql = (" UNION ALL ".join(parts) + " ORDER BY "
-           + ", ".join(f"{name} {direction}" for name in order) + f" LIMIT {int(limit)}")
-    return list(Item.objects.raw(sql, params))
 
 
 def _total(queue: Queue, base, data: dict) -> tuple[int, bool]:
