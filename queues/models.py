@@ -365,7 +365,7 @@ class Attempt(models.Model):
         LOST = "lost", "Worker lost"
 
     id = models.BigAutoField(primary_key=True)
-    # No constraint in the database: on PostgreSQL attempts go by their own age, a week at a
+    # No constraint in the database: on PostgreSQL attempts go by their own age, a day at a
     # time, after the item they belong to (see queues/engine/partitions.py).
     item = models.ForeignKey(Item, on_delete=models.CASCADE, related_name="attempt_set",
                              db_index=False, db_constraint=False)

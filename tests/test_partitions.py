@@ -1,4 +1,4 @@
-"""queues.engine.partitions and migrations 0025 and 0027: the event and attempt tables by week on
+"""queues.engine.partitions and migrations 0025 and 0027: the event and attempt tables by day on
 PostgreSQL."""
 
 import importlib
@@ -36,14 +36,14 @@ def file_of(table_name):
         return cursor.fetchone()[0]
 
 
-def back_to_fresh_weeks(latest, table, legacy):
+def back_to_fresh_days(latest, table, legacy):
     """A legacy partition left behind would hold every past row of later tests (the flush
     between tests keeps tables, not partitions)."""
     MigrationExecutor(connection).migrate(latest)
     with connection.cursor() as cursor:
         cursor.execute(f'DROP TABLE IF EXISTS "{legacy}"')
         now = timezone.now()
-        partitions.create_weeks(cursor, table, now, now + partitions.WEEKS_AHEAD * partitions.WEEK)
+        partitions.create_days(cursor, table, now, now + partitions.DAYS_AHEAD * partitions.DAY)
 
 
 def names(table=EVENTS):
@@ -59,45 +59,46 @@ def event_at(queue, at):
                                     to_status="queued", at=at, actor="test")
 
 
-def test_a_week_starts_on_monday_at_midnight_utc():
-    thursday = datetime(2026, 11, 26, 23, 30, tzinfo=UTC)
-    assert partitions.week_start(thursday) == datetime(2026, 11, 23, tzinfo=UTC)
-    assert EVENTS.week_name(partitions.week_start(thursday)) == "queues_itemevent_p20261123"
+def test_a_day_starts_at_midnight_utc():
+    late_in_berlin = datetime(2026, 11, 27, 0, 30, tzinfo=timezone.get_fixed_timezone(60))
+    assert partitions.day_start(late_in_berlin) == datetime(2026, 11, 26, tzinfo=UTC)
+    assert EVENTS.partition_name(partitions.day_start(late_in_berlin)) == \
+        "queues_itemevent_p20261126"
 
 
-def test_an_event_lands_in_its_weeks_partition_and_one_far_off_in_the_default():
+def test_an_event_lands_in_its_days_partition_and_one_far_off_in_the_default():
     queue = QueueFactory()
     [item] = enqueue_many(queue.key, [{"account": "acme", "identifier": "now"}])
     enqueued = ItemEvent.objects.get(item_id=item.pk)
-    assert partition_of(enqueued.pk) == EVENTS.week_name(
-        partitions.week_start(timezone.now()))
+    assert partition_of(enqueued.pk) == EVENTS.partition_name(
+        partitions.day_start(timezone.now()))
     far_off = event_at(queue, timezone.now() + timedelta(days=400))
     assert partition_of(far_off.pk) == EVENTS.default_partition
 
 
-def test_the_sweeper_creates_the_coming_weeks_that_are_missing():
-    coming = partitions.week_start(timezone.now()) + 3 * partitions.WEEK
+def test_the_sweeper_creates_the_coming_days_that_are_missing():
+    coming = partitions.day_start(timezone.now()) + 3 * partitions.DAY
     with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE {EVENTS.week_name(coming)}")
-    assert EVENTS.week_name(coming) not in names()
-    assert partitions.ensure_weeks_ahead(timezone.now()) == [EVENTS.week_name(coming)]
-    assert partitions.ensure_weeks_ahead(timezone.now()) == []
+        cursor.execute(f"DROP TABLE {EVENTS.partition_name(coming)}")
+    assert EVENTS.partition_name(coming) not in names()
+    assert partitions.ensure_days_ahead(timezone.now()) == [EVENTS.partition_name(coming)]
+    assert partitions.ensure_days_ahead(timezone.now()) == []
 
 
-def test_a_week_past_every_queues_retention_is_dropped_whole_and_others_kept():
+def test_a_day_past_every_queues_retention_is_dropped_whole_and_others_kept():
     QueueFactory(retention_days=60)
     other = QueueFactory(retention_days=90)
     now = timezone.now()
     with connection.cursor() as cursor:
-        created = partitions.create_weeks(cursor, EVENTS, now - timedelta(days=120),
-                                          now - timedelta(days=80))
-    old_week, kept_week = EVENTS.week_name(partitions.week_start(now - timedelta(days=120))), \
-        EVENTS.week_name(partitions.week_start(now - timedelta(days=80)))
-    assert old_week in created and kept_week in created
+        created = partitions.create_days(cursor, EVENTS, now - timedelta(days=120),
+                                         now - timedelta(days=80))
+    old_day, kept_day = EVENTS.partition_name(partitions.day_start(now - timedelta(days=119))), \
+        EVENTS.partition_name(partitions.day_start(now - timedelta(days=80)))
+    assert len(created) == 41 and old_day in created and kept_day in created
     gone = event_at(other, now - timedelta(days=119))
     changed, _ = sweeper.step(now)
     assert changed["event partitions dropped"] >= 1
-    assert old_week not in names() and kept_week in names()
+    assert old_day not in names() and kept_day in names()
     assert not ItemEvent.objects.filter(pk=gone.pk).exists()
 
 
@@ -108,26 +109,26 @@ def expired_tables():
         return [name for (name,) in cursor.fetchall()]
 
 
-def old_weeks(now, *days_ago):
+def old_days(now, *days_ago):
     with connection.cursor() as cursor:
-        partitions.create_weeks(cursor, EVENTS, now - timedelta(days=max(days_ago)),
-                                now - timedelta(days=min(days_ago)))
-    return [EVENTS.week_name(partitions.week_start(now - timedelta(days=d)))
+        partitions.create_days(cursor, EVENTS, now - timedelta(days=max(days_ago)),
+                               now - timedelta(days=min(days_ago)))
+    return [EVENTS.partition_name(partitions.day_start(now - timedelta(days=d)))
             for d in days_ago]
 
 
-def test_a_week_is_detached_before_it_is_dropped_and_nothing_detached_stays_behind():
+def test_a_day_is_detached_before_it_is_dropped_and_nothing_detached_stays_behind():
     now = timezone.now()
-    [week] = old_weeks(now, 120)
-    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [week]
-    assert week not in names() and expired_tables() == []
+    [day] = old_days(now, 120)
+    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [day]
+    assert day not in names() and expired_tables() == []
 
 
-def test_a_week_is_dropped_an_index_at_a_time_before_its_table():
+def test_a_day_is_dropped_an_index_at_a_time_before_its_table():
     now = timezone.now()
-    [week] = old_weeks(now, 120)
+    [day] = old_days(now, 120)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_index WHERE indrelid = %s::regclass", [week])
+        cursor.execute("SELECT count(*) FROM pg_index WHERE indrelid = %s::regclass", [day])
         [indexes] = cursor.fetchone()
     dropped = []
 
@@ -142,48 +143,48 @@ def test_a_week_is_dropped_an_index_at_a_time_before_its_table():
     assert indexes == 4 and len(dropped) == indexes + 1
     assert all(sql.startswith("DROP INDEX") or " DROP CONSTRAINT " in sql
                for sql in dropped[:-1])
-    assert dropped[-1] == f'DROP TABLE "{partitions.EXPIRED_PREFIX}{week}"'
+    assert dropped[-1] == f'DROP TABLE "{partitions.EXPIRED_PREFIX}{day}"'
 
 
-def test_a_week_left_detached_by_a_crash_is_dropped_by_the_next_run():
+def test_a_day_left_detached_by_a_crash_is_dropped_by_the_next_run():
     now = timezone.now()
-    [week] = old_weeks(now, 120)
+    [day] = old_days(now, 120)
     with connection.cursor() as cursor:
-        cursor.execute(f'ALTER TABLE {EVENTS.name} DETACH PARTITION "{week}"; '
-                       f'ALTER TABLE "{week}" RENAME TO "{partitions.EXPIRED_PREFIX}{week}"')
-    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [week]
+        cursor.execute(f'ALTER TABLE {EVENTS.name} DETACH PARTITION "{day}"; '
+                       f'ALTER TABLE "{day}" RENAME TO "{partitions.EXPIRED_PREFIX}{day}"')
+    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [day]
     assert expired_tables() == []
 
 
-def test_a_week_left_half_dropped_by_a_crash_is_finished_by_the_next_run():
+def test_a_day_left_half_dropped_by_a_crash_is_finished_by_the_next_run():
     now = timezone.now()
-    [week] = old_weeks(now, 120)
-    expired = f"{partitions.EXPIRED_PREFIX}{week}"
+    [day] = old_days(now, 120)
+    expired = f"{partitions.EXPIRED_PREFIX}{day}"
     with connection.cursor() as cursor:
-        cursor.execute(f'ALTER TABLE {EVENTS.name} DETACH PARTITION "{week}"; '
-                       f'ALTER TABLE "{week}" RENAME TO "{expired}"')
+        cursor.execute(f'ALTER TABLE {EVENTS.name} DETACH PARTITION "{day}"; '
+                       f'ALTER TABLE "{day}" RENAME TO "{expired}"')
         cursor.execute("SELECT indexrelid::regclass::text FROM pg_index "
                        "WHERE indrelid = %s::regclass AND NOT indisprimary LIMIT 1", [expired])
         cursor.execute(f"DROP INDEX {cursor.fetchone()[0]}")
-    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [week]
+    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [day]
     assert expired_tables() == []
 
 
-def test_a_week_an_operator_detached_by_hand_is_left_alone():
+def test_a_day_an_operator_detached_by_hand_is_left_alone():
     now = timezone.now()
-    [week] = old_weeks(now, 120)
+    [day] = old_days(now, 120)
     with connection.cursor() as cursor:
-        cursor.execute(f'ALTER TABLE {EVENTS.name} DETACH PARTITION "{week}"')
+        cursor.execute(f'ALTER TABLE {EVENTS.name} DETACH PARTITION "{day}"')
     assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == []
     with connection.cursor() as cursor:
-        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [week])
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [day])
         assert cursor.fetchone()[0]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_week_is_not_detached_while_a_long_reader_holds_the_table():
+def test_a_day_is_not_detached_while_a_long_reader_holds_the_table():
     now = timezone.now()
-    [week] = old_weeks(now, 120)
+    [day] = old_days(now, 120)
     reading, done = threading.Event(), threading.Event()
 
     def long_reader():
@@ -200,19 +201,19 @@ def test_a_week_is_not_detached_while_a_long_reader_holds_the_table():
         started = time.monotonic()
         assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == []
         assert time.monotonic() - started < 2  # gave up after the lock timeout, did not queue
-        assert week in names()
+        assert day in names()
     finally:
         done.set()
         reader.join(10)
-    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [week]
+    assert partitions.drop_older_than(EVENTS, now - timedelta(days=60)) == [day]
 
 
-def test_a_week_whose_events_the_default_holds_is_left_to_it():
+def test_a_day_whose_events_the_default_holds_is_left_to_it():
     queue = QueueFactory()
     far_off = timezone.now() + timedelta(days=400)
     event = event_at(queue, far_off)
     with connection.cursor() as cursor:
-        assert partitions.create_weeks(cursor, EVENTS, far_off, far_off) == []
+        assert partitions.create_days(cursor, EVENTS, far_off, far_off) == []
     assert partition_of(event.pk) == EVENTS.default_partition
 
 
@@ -249,7 +250,7 @@ def test_the_migration_keeps_existing_events_as_the_first_partition_without_a_co
         assert after[1].pk > before.pk
         assert Item.objects.get(pk=item.pk).events.count() == 2
     finally:
-        back_to_fresh_weeks(latest, EVENTS, MIGRATION.LEGACY)
+        back_to_fresh_days(latest, EVENTS, MIGRATION.LEGACY)
 
 
 def run(queue, pk):
@@ -263,35 +264,35 @@ def finished(queue, identifier, days_ago):
     run(queue, item.pk)
     at = timezone.now() - timedelta(days=days_ago)
     Item.objects.filter(pk=item.pk).update(finished_at=at)
-    Attempt.objects.filter(item_id=item.pk).update(finished_at=at)  # moves it to that week
+    Attempt.objects.filter(item_id=item.pk).update(finished_at=at)  # moves it to that day
     return item.pk, Attempt.objects.get(item_id=item.pk).pk
 
 
-def test_an_attempt_lands_in_its_weeks_partition_and_one_far_off_in_the_default():
+def test_an_attempt_lands_in_its_days_partition_and_one_far_off_in_the_default():
     queue = QueueFactory(handler="noop")
     pk, attempt = finished(queue, "now", 0)
-    assert partition_of(attempt, ATTEMPTS) == ATTEMPTS.week_name(
-        partitions.week_start(timezone.now()))
+    assert partition_of(attempt, ATTEMPTS) == ATTEMPTS.partition_name(
+        partitions.day_start(timezone.now()))
     Attempt.objects.filter(pk=attempt).update(finished_at=timezone.now() + timedelta(days=400))
     assert partition_of(attempt, ATTEMPTS) == ATTEMPTS.default_partition
     assert Item.objects.get(pk=pk).attempt_set.get().pk == attempt
 
 
-def test_the_sweeper_creates_the_coming_weeks_of_attempts_too():
-    coming = partitions.week_start(timezone.now()) + 2 * partitions.WEEK
+def test_the_sweeper_creates_the_coming_days_of_attempts_too():
+    coming = partitions.day_start(timezone.now()) + 2 * partitions.DAY
     with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE {ATTEMPTS.week_name(coming)}")
+        cursor.execute(f"DROP TABLE {ATTEMPTS.partition_name(coming)}")
     assert sweeper.run()["partitions created"] == 1
-    assert ATTEMPTS.week_name(coming) in names(ATTEMPTS)
+    assert ATTEMPTS.partition_name(coming) in names(ATTEMPTS)
 
 
-def test_a_queue_kept_longest_leaves_its_pruned_items_attempts_to_their_week():
+def test_a_queue_kept_longest_leaves_its_pruned_items_attempts_to_their_day():
     kept_longest = QueueFactory(retention_days=60, handler="noop")
     kept_shorter = QueueFactory(retention_days=30, handler="noop")
-    # A Thursday: 60 days and an hour before it is a Saturday, whose week ends after the cutoff.
-    now = partitions.week_start(timezone.now()) - timedelta(days=4)
+    # Noon: 60 days and an hour before it is 11:00, whose day ends after the cutoff.
+    now = partitions.day_start(timezone.now()) - timedelta(hours=12)
     with connection.cursor() as cursor:
-        partitions.create_weeks(cursor, ATTEMPTS, now - timedelta(days=70), now)
+        partitions.create_days(cursor, ATTEMPTS, now - timedelta(days=70), now)
     ago = (timezone.now() - now).total_seconds() / 86400
     old_item, old_attempt = finished(kept_longest, "old", ago + 60 + 1 / 24)
     short_item, short_attempt = finished(kept_shorter, "short", ago + 31)
@@ -300,10 +301,10 @@ def test_a_queue_kept_longest_leaves_its_pruned_items_attempts_to_their_week():
     assert changed["attempts pruned"] == 1  # the shorter queue's, with its item
     assert not Item.objects.filter(pk__in=[old_item, short_item]).exists()
     assert list(Attempt.objects.values_list("pk", flat=True)) == [old_attempt]
-    week = ATTEMPTS.week_name(partitions.week_start(now - timedelta(days=60, hours=1)))
-    changed, _ = sweeper.step(now + timedelta(days=8))  # the whole week is past 60 days
+    day = ATTEMPTS.partition_name(partitions.day_start(now - timedelta(days=60, hours=1)))
+    changed, _ = sweeper.step(now + timedelta(days=1))  # the whole day is past 60 days
     assert changed["attempt partitions dropped"] >= 1
-    assert week not in names(ATTEMPTS)
+    assert day not in names(ATTEMPTS)
     assert not Attempt.objects.exists()
 
 
@@ -338,9 +339,26 @@ def test_the_migration_keeps_existing_attempts_as_the_first_partition_without_a_
         run(queue, pk)
         attempts = list(Attempt.objects.filter(item_id=pk).order_by("id"))
         assert len(attempts) == 2 and attempts[0].pk == before  # a requeue starts a new run
-        # The old table holds everything before next Monday, new attempts of this week too.
+        # The old table holds everything before the next midnight, new attempts of today too.
         assert partition_of(attempts[1].pk, ATTEMPTS) == ATTEMPTS_MIGRATION.LEGACY
         lifecycle.delete_finished(queue.pk, [pk])  # no foreign key is left to hold it up
         assert not Attempt.objects.filter(item_id=pk).exists()
     finally:
-        back_to_fresh_weeks(latest, ATTEMPTS, ATTEMPTS_MIGRATION.LEGACY)
+        back_to_fresh_days(latest, ATTEMPTS, ATTEMPTS_MIGRATION.LEGACY)
+
+
+def test_a_week_made_by_an_earlier_release_is_kept_and_days_follow_it():
+    monday = partitions.day_start(timezone.now() - timedelta(days=100))
+    week = EVENTS.partition_name(monday)
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {week} PARTITION OF {EVENTS.name} FOR VALUES FROM (%s) TO "
+                       f"(%s)", [monday, monday + 7 * partitions.DAY])
+        created = partitions.create_days(cursor, EVENTS, monday - partitions.DAY,
+                                         monday + 8 * partitions.DAY)
+    before, after = monday - partitions.DAY, monday + 7 * partitions.DAY
+    assert created == [EVENTS.partition_name(day)
+                       for day in (before, after, after + partitions.DAY)]
+    # Dropped whole once its last day is past, like any partition.
+    assert partitions.drop_older_than(EVENTS, after - timedelta(hours=1)) == [
+        EVENTS.partition_name(before)]
+    assert partitions.drop_older_than(EVENTS, after) == [week]

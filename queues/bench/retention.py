@@ -101,11 +101,11 @@ def run_retention(*, retention_days: int, minutes: float, selector_queue: str,
     report.add("events deleted row by row", result["changed"].get("item events pruned", 0),
                "events")
     report.add("event partitions dropped whole",
-               result["changed"].get("event partitions dropped", 0), "weeks")
+               result["changed"].get("event partitions dropped", 0), "partitions")
     report.add("attempts deleted row by row", result["changed"].get("attempts pruned", 0),
                "attempts")
     report.add("attempt partitions dropped whole",
-               result["changed"].get("attempt partitions dropped", 0), "weeks")
+               result["changed"].get("attempt partitions dropped", 0), "partitions")
     report.add("time to catch up" if result["finished"] else "time (limit reached)",
                elapsed, "s")
     report.add("items pruned per second", pruned / elapsed, "items/s")

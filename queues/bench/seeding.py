@@ -210,7 +210,7 @@ class _Plan:
 
 def _load_items(plan: "_Plan", step, result: SeedResult):
     with transaction.atomic(), _bulk_load(plan.dialect, [Item, Attempt], step, "item indexes"):
-        _create_seeded_weeks(plan, partitions.ATTEMPTS)
+        _create_seeded_days(plan, partitions.ATTEMPTS)
         _create_account_table(plan.accounts)
         with step("items"):
             _execute(_insert_items_sql(plan))
@@ -226,7 +226,7 @@ def _load_items(plan: "_Plan", step, result: SeedResult):
 
 def _load_events(plan: "_Plan", step, result: SeedResult):
     with transaction.atomic(), _bulk_load(plan.dialect, [ItemEvent], step, "event indexes"):
-        _create_seeded_weeks(plan, partitions.EVENTS)
+        _create_seeded_days(plan, partitions.EVENTS)
         _create_account_table(plan.accounts)
         with step("events"):
             result.rows["events"] = _execute(_insert_events_sql(plan))
@@ -235,14 +235,14 @@ def _load_events(plan: "_Plan", step, result: SeedResult):
         _execute("DROP TABLE seed_accounts")
 
 
-def _create_seeded_weeks(plan: "_Plan", table: partitions.WeeklyTable):
-    """The seeded weeks get their own partitions, as the sweeper creates them for live rows,
+def _create_seeded_days(plan: "_Plan", table: partitions.PartitionedTable):
+    """The seeded days get their own partitions, as the sweeper creates them for live rows,
     so that retention can drop them whole."""
     if not plan.dialect.pg:
         return
     with connection.cursor() as cursor:
         if partitions.is_partitioned(cursor, table):
-            partitions.create_weeks(cursor, table, plan.dialect.now - timedelta(
+            partitions.create_days(cursor, table, plan.dialect.now - timedelta(
                 days=plan.spread_days + 1), plan.dialect.now)
 
 

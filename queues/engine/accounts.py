@@ -118,7 +118,7 @@ def erase(account: str, *, actor) -> Counter:
     """Erase the account's items with their history; returns what went, and how many running
     items were left (erase again once they finish). The history of items retention already
     pruned no longer leads to the account: it goes by its own age, on PostgreSQL attempts at
-    most a week after their item."""
+    most a day after their item."""
     erased: Counter = Counter()
     while erased["items"] < MAX_ITEMS:
         waiting = list(_of(Item, account).filter(status__in=WAITING)

@@ -177,7 +177,7 @@ def backfill(queue_ids: list[int], now: datetime | None = None) -> dict[str, int
 def _mark_below(moment: datetime) -> int:
     """An event id below every event timed at or after `moment`, found by time rather than by
     when ids were handed out (a seed inserts old events with new ids). On PostgreSQL it reads
-    the newest week's partition of events: a one-off, like the backfill."""
+    the newest days' partitions of events: a one-off, like the backfill."""
     first = ItemEvent.objects.filter(at__gte=moment).aggregate(first=Min("id"))["first"]
     return _newest_event_id() if first is None else first - 1
 

@@ -59,7 +59,7 @@ def run(seconds: float = 240.0) -> dict[str, int] | None:
             totals.update(changed)
             if not more or time.monotonic() > deadline:
                 break
-        totals["partitions created"] += len(partitions.ensure_weeks_ahead(started))
+        totals["partitions created"] += len(partitions.ensure_days_ahead(started))
         totals["counter deltas folded"] += counters.rollup()
         totals["bulk operations resumed"] += bulk.resume_lost(
             timezone.now() - BULK_STEP_LOST_AFTER)
@@ -84,24 +84,24 @@ def step(now: datetime | None = None) -> tuple[Counter, bool]:
     more = False
     queues = list(Queue.objects.all())
     longest = max((queue.retention_days for queue in queues), default=0)
-    attempts_by_week = partitions.drops_by_week(partitions.ATTEMPTS)
+    attempts_by_day = partitions.drops_by_partition(partitions.ATTEMPTS)
     for queue in queues:
         for status, timeout in ((Status.DISPATCHED, queue.dispatch_timeout),
                                 (Status.RUNNING, queue.stale_threshold)):
             rescued, full = _rescue(queue, status, now - timeout)
             changed.update(rescued)
             more |= full
-        # The attempts of a queue kept as long as the longest go with their week, after the
+        # The attempts of a queue kept as long as the longest go with their day, after the
         # item: deleting them by item read cold pages all over the table (up to 1.25 s at 10M).
         pruned, full = _prune_items(queue, now - timedelta(days=queue.retention_days),
-                                    with_attempts=not (attempts_by_week
+                                    with_attempts=not (attempts_by_day
                                                        and queue.retention_days == longest))
         changed.update(pruned)
         more |= full
     pruned, full = _prune_events(queues, now, longest)
     changed.update(pruned)
     more |= full
-    if attempts_by_week and queues:
+    if attempts_by_day and queues:
         pruned, full = _prune_attempts(now - timedelta(days=longest))
         changed.update(pruned)
         more |= full
@@ -265,9 +265,9 @@ def _prune_items(queue: Queue, finished_before: datetime, *,
 
 
 def _prune_events(queues: list[Queue], now: datetime, longest: int) -> tuple[Counter, bool]:
-    """Events past their queue's retention. On PostgreSQL a week whose events are all past
+    """Events past their queue's retention. On PostgreSQL a day whose events are all past
     every queue's retention is dropped whole; the rest (queues kept shorter than the longest,
-    the days of a week not yet all past) are deleted oldest first, a batch per retention."""
+    the hours of a day not yet all past) are deleted oldest first, a batch per retention."""
     changed: Counter = Counter()
     if not queues:
         return changed, False
@@ -305,8 +305,8 @@ def _prune_events(queues: list[Queue], now: datetime, longest: int) -> tuple[Cou
 
 
 def _prune_attempts(before: datetime) -> tuple[Counter, bool]:
-    """Attempts of the partitioned table older than `before` (every queue's retention): weeks of
-    them dropped whole, and those of the default partition (which no week holds) a batch at a
+    """Attempts of the partitioned table older than `before` (every queue's retention): days of
+    them dropped whole, and those of the default partition (which no day holds) a batch at a
     time. The attempts of queues kept shorter go with their items; on SQLite, every queue's
     do."""
     changed: Counter = Counter()

@@ -1,19 +1,19 @@
-"""On PostgreSQL, the attempt table becomes partitioned by week of `finished_at` (see
+"""On PostgreSQL, the attempt table becomes partitioned by range of `finished_at` (see
 queues/engine/partitions.py for why, and queues/migrations/_partitioning.py for how), without
-rewriting it under a lock. Its foreign key to the item goes first: retention drops a week of
+rewriting it under a lock. Its foreign key to the item goes first: retention drops a partition of
 attempts after the items they belong to are gone."""
 
 import django.db.models.deletion
 from django.db import migrations, models
 
 from queues.engine.partitions import ATTEMPTS
-from queues.migrations._partitioning import legacy_name, partition_by_week, unpartition
+from queues.migrations._partitioning import legacy_name, partition_by_time, unpartition
 
 LEGACY = legacy_name(ATTEMPTS)
 
 
 def forwards(apps, schema_editor):
-    partition_by_week(schema_editor, ATTEMPTS)
+    partition_by_time(schema_editor, ATTEMPTS)
 
 
 def backwards(apps, schema_editor):

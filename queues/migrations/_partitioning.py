@@ -1,8 +1,8 @@
-"""Turning a plain table into one partitioned by week on PostgreSQL without rewriting it under a
+"""Turning a plain table into one partitioned by time on PostgreSQL without rewriting it under a
 lock (migrations 0025 and 0027; see queues/engine/partitions.py for why).
 
-The existing table, with its rows, becomes the first partition, holding everything before next
-Monday: a CHECK constraint proves that range, added NOT VALID and validated apart (a scan that
+The existing table, with its rows, becomes the first partition, holding everything before the
+next midnight UTC (the next Monday when these migrations were written, which made weeks): a CHECK constraint proves that range, added NOT VALID and validated apart (a scan that
 lets writes go on), and the unique index on (id, time) the partitioned primary key needs is
 built CONCURRENTLY. Then one short transaction swaps the tables and attaches the old one without
 a scan. A table without rows (a new installation) is simply replaced. Django's model is
@@ -18,24 +18,24 @@ from datetime import UTC, datetime
 from django.db import OperationalError, transaction
 
 from queues.engine import partitions
-from queues.engine.partitions import WeeklyTable
+from queues.engine.partitions import PartitionedTable
 
 SWAP_ATTEMPTS = 30
 SWAP_LOCK_TIMEOUT = "2s"
 
 
-def legacy_name(table: WeeklyTable) -> str:
+def legacy_name(table: PartitionedTable) -> str:
     return f"{table.name}_legacy"
 
 
-def partition_by_week(schema_editor, table: WeeklyTable):
+def partition_by_time(schema_editor, table: PartitionedTable):
     connection = schema_editor.connection
     if connection.vendor != "postgresql":
         return
     name, legacy = table.name, legacy_name(table)
     range_check, legacy_key = f"{legacy}_range", f"{legacy}_pkey"
     now = datetime.now(UTC)
-    cutoff = partitions.week_start(now) + partitions.WEEK
+    cutoff = partitions.day_start(now) + partitions.DAY
     with connection.cursor() as cursor:
         if partitions.is_partitioned(cursor, table):
             return
@@ -63,7 +63,7 @@ def partition_by_week(schema_editor, table: WeeklyTable):
                 time.sleep(1)
 
 
-def _swap(cursor, table: WeeklyTable, attach: bool, now: datetime, cutoff: datetime):
+def _swap(cursor, table: PartitionedTable, attach: bool, now: datetime, cutoff: datetime):
     name, legacy = table.name, legacy_name(table)
     range_check, legacy_key = f"{legacy}_range", f"{legacy}_pkey"
     cursor.execute(f"LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE")
@@ -99,11 +99,10 @@ def _swap(cursor, table: WeeklyTable, attach: bool, now: datetime, cutoff: datet
         cursor.execute(f"ALTER TABLE {name} ATTACH PARTITION {legacy} "
                        f"FOR VALUES FROM (MINVALUE) TO (%s)", [cutoff])
         cursor.execute(f"ALTER TABLE {legacy} DROP CONSTRAINT {range_check}")
-        first_week = cutoff
+        first_day = cutoff
     else:
-        first_week = partitions.week_start(now)
-    partitions.create_weeks(cursor, table, first_week,
-                            now + partitions.WEEKS_AHEAD * partitions.WEEK)
+        first_day = partitions.day_start(now)
+    partitions.create_days(cursor, table, first_day, now + partitions.DAYS_AHEAD * partitions.DAY)
     cursor.execute(f"CREATE TABLE {table.default_partition} PARTITION OF {name} DEFAULT")
     if not attach:
         # Rows a process wrote since the check above (none on a new installation).
@@ -115,7 +114,7 @@ def _swap(cursor, table: WeeklyTable, attach: bool, now: datetime, cutoff: datet
     cursor.execute(f"ALTER SEQUENCE {name}_id_partitioned_seq RENAME TO {name}_id_seq")
 
 
-def unpartition(apps, schema_editor, table: WeeklyTable, model_name: str):
+def unpartition(apps, schema_editor, table: PartitionedTable, model_name: str):
     connection = schema_editor.connection
     if connection.vendor != "postgresql":
         return
