@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from django.core.management import call_command
+from django.apps import apps
+from django.core.management import CommandError, call_command
 
 from queues.engine import accounts, counters
 from queues.models import Attempt, AuditEntry, DeadLetter, Item, ItemEvent, Status
@@ -94,3 +95,44 @@ def test_the_command_exports_and_erases(tenant, capsys):
     assert capsys.readouterr().out.count('"kind": "item"') == 6
     call_command("account_data", "acme", "--erase", "--yes")
     assert Item.objects.filter(account="acme").count() == 1
+
+
+@pytest.fixture
+def padded_tenant():
+    """An account an earlier release stored with a space at its end, beside the one it reads
+    like; the doors refuse such a name now, so it is written as that release did."""
+    emails = QueueFactory(key="emails")
+    items_in_status(emails, "failed", 2, account="acme-then")
+    items_in_status(emails, "failed", 1, account="acme")
+    for model in apps.get_app_config("queues").get_models():
+        if "account" in {field.name for field in model._meta.fields}:
+            model.objects.filter(account="acme-then").update(account="acme ")
+    return emails
+
+
+def test_a_padded_account_an_earlier_release_stored_is_shown_and_erased_alone(role_client,
+                                                                              padded_tenant):
+    admin = role_client("Admin")
+    page = admin.get("/tenant/", {"account": "acme "})
+    assert page.status_code == 200
+    assert "with a space at its start or end" in page.content.decode()
+    export = admin.get("/tenant/export/", {"account": "acme "})
+    assert {json.loads(line)["account"] for line in export.streaming_content
+            if json.loads(line)["kind"] == "item"} == {"acme "}
+    assert admin.post("/tenant/erase/", {"account": "acme "}).status_code == 200
+    assert list(Item.objects.values_list("account", flat=True)) == ["acme"]
+    assert "with a space" not in admin.get("/tenant/", {"account": "acme"}).content.decode()
+
+
+def test_a_padded_account_holding_no_data_is_refused(role_client, padded_tenant):
+    admin = role_client("Admin")
+    for account in ("acme  ", " acme", "other ", "acme\x1b "):
+        assert admin.post("/tenant/erase/", {"account": account}).status_code == 400
+    assert Item.objects.count() == 3
+
+
+def test_the_command_erases_a_padded_account_an_earlier_release_stored(padded_tenant):
+    call_command("account_data", "acme ", "--erase", "--yes")
+    assert list(Item.objects.values_list("account", flat=True)) == ["acme"]
+    with pytest.raises(CommandError, match="printable"):
+        call_command("account_data", "acme ", "--erase", "--yes")

@@ -16,6 +16,9 @@ from django.utils import timezone
 
 from queues import enqueue
 from queues.engine import bulk, lifecycle, tokens
+from queues.engine.payloads import PayloadFilterError
+from queues.engine.payloads import parse as parse_payload_filter
+from queues.engine.worker import _storable
 from queues.models import AccountPolicy, Item, ItemEvent, is_queue_key, key_validator
 from queues.ops.logs import JsonFormatter, PlainFormatter
 from queues.web.stream import _sse
@@ -159,6 +162,19 @@ def test_a_number_beyond_the_safe_range_is_refused_from_python_too(queue):
     assert "out of range" in refused.value.fields["payload"]
 
 
+def test_a_negative_zero_is_refused_from_python_and_the_payload_filter(queue):
+    with pytest.raises(lifecycle.EnqueueError) as refused:
+        enqueue("emails", account="acme", identifier="x", payload={"t": [1, -0.0]})
+    assert "negative zero" in refused.value.fields["payload"]
+    with pytest.raises(PayloadFilterError, match="negative zero"):
+        parse_payload_filter("t=-0.0")
+    assert not Item.objects.exists()
+
+
+def test_a_handler_result_holding_a_negative_zero_is_kept():
+    assert _storable({"delta": -0.0}) == {"delta": -0.0}
+
+
 def test_log_lines_carry_no_terminal_controls_or_line_separators():
     forged = "boom\x1b[2J\x1b[1;31mCRITICAL\x0bx\x0cy\x1cz\x85n\u2028l\u2029p\x9b"
     record = logging.LogRecord("queues", logging.WARNING, "", 0, "item %s failed", (forged,),
@@ -250,11 +266,13 @@ def test_the_queue_settings_page_stays_small_with_thousands_of_account_policies(
 
 
 @pytest.mark.parametrize(("number", "accepted"), [
-    ("0.1", True), ("1.10", True), ("2.5e-3", True), ("-0.0", True), ("1e-300", True),
+    ("0.1", True), ("1.10", True), ("2.5e-3", True), ("0.0", True), ("1e-300", True),
     ("9007199254740991.0", True), ("0.1000000000000000055511151231257827", False),
     ("123456789.123456789", False), ("1e-400", False),
     # PostgreSQL would give them back as integers of every digit, out of the API's range.
-    ("1e20", False), ("-1.5e300", False)])
+    ("1e20", False), ("-1.5e300", False),
+    # PostgreSQL's numbers have no negative zero: they would read back as 0.
+    ("-0.0", False), ("-0e3", False)])
 def test_payload_numbers_are_stored_exactly_or_refused_naming_their_path(client, queue, number,
                                                                         accepted):
     secret = tokens.create("p", queue_keys=["emails"])[1]

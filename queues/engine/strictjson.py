@@ -16,6 +16,9 @@ MAX_SAFE_INTEGER = 2**53 - 1
 # integer of 21 digits, which this module refuses (and JavaScript rounds).
 BIG_FLOAT_WHY = (f" (at most ±{MAX_SAFE_INTEGER}: a larger number reads back from the database "
                  f"as an integer of its every digit)")
+# PostgreSQL's numbers have no sign of zero: -0.0 reads back as 0.0, which a client comparing
+# what it sent with what it reads (or a payload filter on SQLite against one on PostgreSQL) sees.
+NEGATIVE_ZERO_WHY = "is a negative zero, which the database reads back as 0; send 0"
 MAX_DEPTH = 32
 UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -48,6 +51,8 @@ def _parse_float(text: str) -> float:
         raise JSONBodyError(f"number {text[:20]} is out of range")
     if abs(value) > MAX_SAFE_INTEGER:
         why = f"is out of range{BIG_FLOAT_WHY}"
+    elif _negative_zero(value):
+        why = NEGATIVE_ZERO_WHY
     # Stored as given or refused: 0.10000000000000000555 would silently read back as 0.1. The
     # smallest float PostgreSQL writes back in 330 digits (it never uses an exponent), which
     # must be accepted again.
@@ -126,11 +131,12 @@ def check_values(document, path: str = ""):
                          for index, child in enumerate(value))
 
 
-def check_python(value, path: str = ""):
+def check_python(value, path: str = "", *, negative_zero: bool = False):
     """The same rules for a Python value that never was JSON text, such as the arguments of a
     django.tasks task: JSON types only (a tuple reads as an array), string keys, integers and
-    finite floats within ±MAX_SAFE_INTEGER, then check_values' rules, so that it stores and
-    reads back as the API would have it. Raises JSONBodyError naming the first offending path."""
+    finite floats within ±MAX_SAFE_INTEGER other than -0.0 (unless `negative_zero`), then
+    check_values' rules, so that it stores and reads back as the API would have it. Raises
+    JSONBodyError naming the first offending path."""
     stack = [(value, path, 0)]
     while stack:
         value, where, depth = stack.pop()
@@ -162,9 +168,15 @@ def check_python(value, path: str = ""):
             if abs(value) > MAX_SAFE_INTEGER:
                 raise JSONBodyError(f"number {value} is out of range{BIG_FLOAT_WHY}",
                                     where or "body")
+            if not negative_zero and _negative_zero(value):
+                raise JSONBodyError(f"number {value} {NEGATIVE_ZERO_WHY}", where or "body")
         else:
             raise JSONBodyError(f"a {type(value).__name__} is not a JSON value",
                                 where or "body")
+
+
+def _negative_zero(value: float) -> bool:
+    return value == 0 and math.copysign(1.0, value) < 0
 
 
 def _check_string(value: str, where: str):

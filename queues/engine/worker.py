@@ -364,8 +364,9 @@ def _storable(result):
         return None
     try:
         # The API's rules: what PostgreSQL's jsonb refuses (NUL) or no reader can encode (a
-        # lone surrogate) would otherwise fail the statement recording the whole batch.
-        strictjson.check_python(result, "result")
+        # lone surrogate) would otherwise fail the statement recording the whole batch. A
+        # result is only shown, never sent back or compared, so -0.0 shown as 0.0 is kept.
+        strictjson.check_python(result, "result", negative_zero=True)
         text = json.dumps(result, ensure_ascii=False)
     except strictjson.JSONBodyError as exc:
         # The path names the key at fault, which may hold the very character refused.

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from queues.engine import alerts, payloads
+from queues.engine import accounts, alerts, payloads
 from queues.engine.bulk import KINDS, MAX_SELECTION, selection_range
 from queues.engine.errors import MESSAGE_LIMIT
 from queues.engine.payloads import PayloadCondition
@@ -257,6 +257,24 @@ class AccountForm(forms.Form):
     # As an item's account: no item could belong to another, and the audit log reads it.
     account = CanonicalField(max_length=MAX_ACCOUNT_LENGTH, label="Account",
                               validators=[validate_printable])
+
+
+class TenantForm(forms.Form):
+    """One tenant account whose data to show, export or erase: an AccountForm that also takes
+    a padded name an earlier release stored, exactly as stored (accounts.refusal)."""
+
+    account = CanonicalField(max_length=MAX_ACCOUNT_LENGTH, label="Account")
+
+    def clean_account(self):
+        account = self.cleaned_data["account"]
+        if why := accounts.refusal(account):
+            raise forms.ValidationError(why.capitalize() + ".", code="printable")
+        return account
+
+    def unpadded(self) -> str:
+        """The name without its spaces at either end, if it has any: the account it is not."""
+        account = self.cleaned_data["account"]
+        return account.strip(" ") if account != account.strip(" ") else ""
 
 
 class AccountsForm(forms.Form):

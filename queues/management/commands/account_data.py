@@ -3,7 +3,6 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from queues.engine import accounts, audit
-from queues.management.arguments import text
 
 
 class Command(BaseCommand):
@@ -12,13 +11,17 @@ class Command(BaseCommand):
             "running items are left to finish). Audited.")
 
     def add_arguments(self, parser):
-        parser.add_argument("account", type=text)
+        # Checked in handle(): a padded name an earlier release stored is taken while it holds
+        # data (accounts.refusal), which needs the database.
+        parser.add_argument("account")
         action = parser.add_mutually_exclusive_group()
         action.add_argument("--export", action="store_true")
         action.add_argument("--erase", action="store_true")
         parser.add_argument("--yes", action="store_true", help="erase without asking")
 
     def handle(self, *args, account, export, erase, yes, **options):
+        if why := accounts.refusal(account):
+            raise CommandError(f"account: {why}")
         footprint = accounts.footprint(account)
         if export:
             audit.record("command:account_data", "account.export", target=f"account {account}")
