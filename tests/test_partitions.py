@@ -42,8 +42,7 @@ def back_to_fresh_days(latest, table, legacy):
     MigrationExecutor(connection).migrate(latest)
     with connection.cursor() as cursor:
         cursor.execute(f'DROP TABLE IF EXISTS "{legacy}"')
-        now = timezone.now()
-        partitions.create_days(cursor, table, now, now + partitions.DAYS_AHEAD * partitions.DAY)
+        partitions.create_days_ahead(cursor, table, timezone.now())
 
 
 def names(table=EVENTS):

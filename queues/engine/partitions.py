@@ -130,6 +130,12 @@ def create_days(cursor, table: PartitionedTable, first: datetime, last: datetime
     return created
 
 
+def create_days_ahead(cursor, table: PartitionedTable, now: datetime,
+                      first: datetime | None = None) -> list[str]:
+    """The days from `first` (today by default) to DAYS_AHEAD after today that are missing."""
+    return create_days(cursor, table, first or now, now + DAYS_AHEAD * DAY)
+
+
 def ensure_days_ahead(now: datetime) -> list[str]:
     """The sweeper's part: today and the next DAYS_AHEAD exist before rows need them."""
     if not is_postgres():
@@ -138,7 +144,7 @@ def ensure_days_ahead(now: datetime) -> list[str]:
     with connection.cursor() as cursor:
         for table in TABLES:
             if is_partitioned(cursor, table):
-                created += create_days(cursor, table, now, now + DAYS_AHEAD * DAY)
+                created += create_days_ahead(cursor, table, now)
     return created
 
 

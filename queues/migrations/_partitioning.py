@@ -2,9 +2,9 @@
 lock (migrations 0025 and 0027; see queues/engine/partitions.py for why).
 
 The existing table, with its rows, becomes the first partition, holding everything before the
-next midnight UTC (the next Monday when these migrations were written, which made weeks): a CHECK constraint proves that range, added NOT VALID and validated apart (a scan that
-lets writes go on), and the unique index on (id, time) the partitioned primary key needs is
-built CONCURRENTLY. Then one short transaction swaps the tables and attaches the old one without
+next midnight UTC (the next Monday when these migrations made weeks): a CHECK constraint proves
+that range, added NOT VALID and validated apart (a scan that lets writes go on), and the unique
+index on (id, time) the partitioned primary key needs is built CONCURRENTLY. Then one short transaction swaps the tables and attaches the old one without
 a scan. A table without rows (a new installation) is simply replaced. Django's model is
 unchanged: ids still come from one sequence, so `id` stays unique; PostgreSQL only requires the
 partition key in the primary key.
@@ -99,10 +99,7 @@ def _swap(cursor, table: PartitionedTable, attach: bool, now: datetime, cutoff: 
         cursor.execute(f"ALTER TABLE {name} ATTACH PARTITION {legacy} "
                        f"FOR VALUES FROM (MINVALUE) TO (%s)", [cutoff])
         cursor.execute(f"ALTER TABLE {legacy} DROP CONSTRAINT {range_check}")
-        first_day = cutoff
-    else:
-        first_day = partitions.day_start(now)
-    partitions.create_days(cursor, table, first_day, now + partitions.DAYS_AHEAD * partitions.DAY)
+    partitions.create_days_ahead(cursor, table, now, first=cutoff if attach else None)
     cursor.execute(f"CREATE TABLE {table.default_partition} PARTITION OF {name} DEFAULT")
     if not attach:
         # Rows a process wrote since the check above (none on a new installation).
