@@ -46,8 +46,20 @@ def put(queue, n, prefix="drill"):
                                  for i in range(offset, min(n, offset + 1000))])
 
 
-def wait_for(condition, seconds, what="condition"):
-    assert processes.wait_for(condition, seconds), f"timed out waiting for {what}"
+def wait_for(condition, seconds, what="condition", state=None):
+    """`state`, if given, says where things stood when the wait ran out: a drill that fails
+    once in many runs can then be read from its CI log."""
+    assert processes.wait_for(condition, seconds), (
+        f"timed out waiting for {what}" + (f"; {state()}" if state else ""))
+
+
+def history(queue) -> dict[int, list[str]]:
+    """Each item's transitions, in order."""
+    found: dict[int, list[str]] = {}
+    for item_id, transition in ItemEvent.objects.filter(queue_id=queue.pk).order_by(
+            "id").values_list("item_id", "transition"):
+        found.setdefault(item_id, []).append(transition)
+    return found
 
 
 def report(name: str, **figures):
@@ -357,7 +369,7 @@ def test_a_worker_frozen_past_the_stale_threshold_has_its_late_completion_refuse
         selector.run_round(queue)
         # 3 s of work each; the margin is for a loaded machine (CI shares two cores).
         wait_for(lambda: Item.objects.filter(queue=queue, status=Status.COMPLETE).count() == items,
-                 90, "the second attempts")
+                 90, "the second attempts", state=lambda: history(queue))
     finally:
         os.killpg(cluster.pid, signal.SIGCONT)
         processes.stop([cluster, *([second] if second else [])])
