@@ -187,6 +187,34 @@
       .forEach(function (field) { field.value = ""; });
   });
 
+  // Chromium gives each date field seven Tab stops (its parts and its picker), fourteen that a
+  // preset's range never uses: while a preset is chosen and no date is typed, the dates leave
+  // the Tab order (still there to click or to type into, which chooses "From / to").
+  function dateFieldsInTabOrder(form) {
+    var period = form.querySelector('select[name="period"]');
+    if (!period || !period.querySelector('option[value="custom"]')) { return; }
+    var dates = form.querySelectorAll('input[name="created_from"], input[name="created_to"]');
+    var used = period.value === "custom" ||
+      Array.prototype.some.call(dates, function (field) { return field.value; });
+    dates.forEach(function (field) {
+      if (used) { field.removeAttribute("tabindex"); } else { field.setAttribute("tabindex", "-1"); }
+    });
+  }
+  function datesOfForms(root) {
+    root.querySelectorAll("form").forEach(dateFieldsInTabOrder);
+  }
+  ["input", "change"].forEach(function (type) {
+    document.addEventListener(type, function (event) {
+      if (event.target.form && event.target.matches &&
+          event.target.matches('select[name="period"], input[name="created_from"], ' +
+                               'input[name="created_to"]')) {
+        dateFieldsInTabOrder(event.target.form);
+      }
+    });
+  });
+  datesOfForms(document);
+  document.addEventListener("htmx:afterSettle", function (event) { datesOfForms(event.target); });
+
   // A bulk preview answers for the filters it was made from: once they change, its confirm
   // button would still act on the old set (every queued item, where the form now says one
   // account's last hour), so the preview goes until the operator previews again.
