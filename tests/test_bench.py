@@ -208,6 +208,7 @@ def test_bench_bulk_retries_and_cancels_in_a_child_process_while_timing_the_sele
     assert figures["retry: items changed"] == figures["cancel: items changed"] == 300
     assert figures["retry: preview"] > 0 and figures["selector round p95 idle"] > 0
     assert figures["retry: preview of one account's failures"] > 0
+    assert figures["overview right after: p95 of the next"] > 0
     assert not Item.objects.filter(queue__key__startswith="bench-bulk-").exists()
 
 

@@ -1,6 +1,7 @@
 """Overview `/`: every queue with counts from the counters, per-minute chart, timings, badges."""
 
 import pytest
+from django.db import connection
 
 from queues.engine import alerts
 from queues.models import AlertRule, CounterDelta, StatusCount
@@ -74,6 +75,11 @@ def test_htmx_refresh_returns_only_the_live_table(role_client):
     assert "data-connection" in html and "updated" in html
 
 
+# On PostgreSQL the timings turn bitmap scans off for their statement: SET LOCAL in a
+# transaction of its own (a savepoint inside the test's), three statements more.
+OVERVIEW_QUERIES = 14 if connection.vendor == "postgresql" else 11
+
+
 def test_query_count_does_not_grow_with_items(role_client, django_assert_max_num_queries):
     queue = QueueFactory(key="emails")
     items_in_status(queue, "complete", 30)
@@ -81,7 +87,7 @@ def test_query_count_does_not_grow_with_items(role_client, django_assert_max_num
     client.get("/")
     # session + user + role + second factor, open alerts, counters, minutes, oldest, timings,
     # global pause
-    with django_assert_max_num_queries(11):
+    with django_assert_max_num_queries(OVERVIEW_QUERIES):
         client.get("/")
 
 
@@ -90,11 +96,11 @@ def test_query_count_does_not_grow_with_queues(role_client, django_assert_num_qu
     for n in range(2):
         items_in_status(QueueFactory(key=f"q{n}"), "complete", 2)
     client.get("/")
-    with django_assert_num_queries(11):
+    with django_assert_num_queries(OVERVIEW_QUERIES):
         client.get("/")
     for n in range(2, 6):
         items_in_status(QueueFactory(key=f"q{n}"), "complete", 2)
-    with django_assert_num_queries(11):
+    with django_assert_num_queries(OVERVIEW_QUERIES):
         client.get("/")
 
 
