@@ -136,3 +136,24 @@ def test_the_command_erases_a_padded_account_an_earlier_release_stored(padded_te
     assert list(Item.objects.values_list("account", flat=True)) == ["acme"]
     with pytest.raises(CommandError, match="printable"):
         call_command("account_data", "acme ", "--erase", "--yes")
+
+
+def test_a_padded_account_an_earlier_release_stored_can_be_paused_alone(role_client, client,
+                                                                        padded_tenant):
+    from queues.engine import selector, tokens
+    from queues.models import AccountPolicy
+
+    operator = role_client("Operator")
+    assert operator.post("/queues/emails/accounts/pause/", {"account": "acme "}).status_code == 302
+    secret = tokens.create("p", queue_keys=["emails"], scopes=[tokens.OPERATE])[1]
+    response = client.post("/api/v1/queues/emails/accounts/pause", {"account": "acme "},
+                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert response.status_code == 200 and response.json()["paused"] is True
+    assert list(AccountPolicy.objects.values_list("account", "paused")) == [("acme ", True)]
+    refused = client.post("/api/v1/queues/emails/accounts/pause", {"account": "other "},
+                          content_type="application/json",
+                          HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert refused.status_code == 422
+    # The selector holds back only the padded account's items.
+    Item.objects.update(status=Status.QUEUED, finished_at=None)
+    assert set(selector.run_round(padded_tenant).taken) == {"acme"}

@@ -14,13 +14,21 @@ from django.views.decorators.csrf import csrf_exempt
 
 from queues.api import openapi as openapi_document
 from queues.conf import setting
-from queues.engine import bulk, counters, forecast, lifecycle, pausing, strictjson, tokens
+from queues.engine import (
+    accounts,
+    bulk,
+    counters,
+    forecast,
+    lifecycle,
+    pausing,
+    strictjson,
+    tokens,
+)
 from queues.engine.errors import MESSAGE_LIMIT
 from queues.models import (
     LIVE_STATUSES,
     MAX_ACCOUNT_LENGTH,
     MAX_ID,
-    PRINTABLE_TEXT,
     TIME_BOUNDS_TEXT,
     AccountPolicy,
     BulkOperation,
@@ -28,7 +36,6 @@ from queues.models import (
     Queue,
     Status,
     canonical,
-    printable,
     time_in_bounds,
 )
 
@@ -541,9 +548,11 @@ def account_pause(request, key, action):
             or len(canonical(account)) > MAX_ACCOUNT_LENGTH):
         raise _invalid({"account": "must be a non-empty string of at most "
                                    f"{MAX_ACCOUNT_LENGTH} characters"})
-    if not printable(account):  # as an item's account: no item could belong to another
-        raise _invalid({"account": PRINTABLE_TEXT})
     account = canonical(account)
+    # As an item's account (no item could belong to another), or a padded name an earlier
+    # release stored, while it holds data.
+    if why := accounts.refusal(account):
+        raise _invalid({"account": why})
     pausing.set_account_paused(queue, account, action == "pause", actor=request.token)
     policy = AccountPolicy.objects.filter(queue=queue, account=account).first()
     return json_response({"queue": queue.key, "account": account,

@@ -8,8 +8,8 @@ Each change records who made it and when, and is audited.
 from django.db import transaction
 from django.utils import timezone
 
-from queues.engine import audit
-from queues.models import PRINTABLE_TEXT, AccountPolicy, GlobalPause, Queue, canonical, printable
+from queues.engine import accounts, audit
+from queues.models import AccountPolicy, GlobalPause, Queue, canonical
 
 
 def _stamp(paused: bool, actor) -> dict:
@@ -33,9 +33,11 @@ def set_queue_paused(queue: Queue, paused: bool, *, actor) -> bool:
 @transaction.atomic
 def set_account_paused(queue: Queue, account: str, paused: bool, *, actor) -> bool:
     """Pauses one account of a queue through its (sparse) policy row."""
-    if not printable(account):  # the callers check it first; never stored, whoever calls
-        raise ValueError(f"not an account: {PRINTABLE_TEXT}")
     account = canonical(account)
+    # The callers check it first; never stored, whoever calls. A padded name an earlier
+    # release stored is taken exactly, so its items can be held like any other account's.
+    if why := accounts.refusal(account):
+        raise ValueError(f"not an account: {why}")
     policy = AccountPolicy.objects.select_for_update().filter(queue=queue, account=account).first()
     if policy is None:
         if not paused:

@@ -31,7 +31,6 @@ from queues.models import (
     UserPreference,
     canonical,
     time_in_bounds,
-    validate_printable,
 )
 from queues.web import masking
 from queues.web.queries import ACCOUNT_ORDERS, list_order, parse_account_cursor, parse_cursor
@@ -252,16 +251,9 @@ class SearchForm(forms.Form):
 
 
 class AccountForm(forms.Form):
-    """One tenant account: an account to pause or resume, or whose data to show."""
-
-    # As an item's account: no item could belong to another, and the audit log reads it.
-    account = CanonicalField(max_length=MAX_ACCOUNT_LENGTH, label="Account",
-                              validators=[validate_printable])
-
-
-class TenantForm(forms.Form):
-    """One tenant account whose data to show, export or erase: an AccountForm that also takes
-    a padded name an earlier release stored, exactly as stored (accounts.refusal)."""
+    """One tenant account: an account to pause or resume, or whose data to show, export or
+    erase. Printable, as an item's account (the audit log reads it); or a padded name an
+    earlier release stored, taken exactly while it holds data (accounts.refusal)."""
 
     account = CanonicalField(max_length=MAX_ACCOUNT_LENGTH, label="Account")
 

@@ -7,13 +7,13 @@ from django.views.decorators.http import require_GET, require_POST
 from queues.engine import accounts, audit
 from queues.permissions import admin_required, render_page
 from queues.web.export import streaming
-from queues.web.forms import TenantForm
+from queues.web.forms import AccountForm
 
 
 @require_GET
 @admin_required
 def tenant_data(request):
-    form = TenantForm(request.GET or None)
+    form = AccountForm(request.GET or None)
     footprint = accounts.footprint(form.cleaned_data["account"]) if form.is_valid() else None
     return render_page(request, "queues/tenant.html", {"form": form, "footprint": footprint,
                                                         **_limits()},
@@ -28,7 +28,7 @@ def _limits() -> dict:
 @require_GET
 @admin_required
 def tenant_export(request):
-    form = TenantForm(request.GET)
+    form = AccountForm(request.GET)
     if not form.is_valid():
         return render_page(request, "queues/tenant.html", {"form": form}, status=400)
     account = form.cleaned_data["account"]
@@ -43,7 +43,7 @@ def tenant_export(request):
 @require_POST
 @admin_required
 def tenant_erase(request):
-    form = TenantForm(request.POST)
+    form = AccountForm(request.POST)
     if not form.is_valid():
         return render_page(request, "queues/tenant.html", {"form": form}, status=400)
     account = form.cleaned_data["account"]
