@@ -178,6 +178,8 @@ def _timings_in_sql(ids: list[int], since) -> dict[int, tuple]:
            f"extract(epoch FROM finished_at - started_at)::float8 AS run "
            f"FROM ({branch} UNION ALL {branch} ORDER BY finished_at DESC "
            f"LIMIT {TIMING_SAMPLE}) AS sample) AS t GROUP BY q.id")
+    # SET LOCAL lasts until the outermost transaction ends: in a request (autocommit) that is
+    # this block; under ATOMIC_REQUESTS the few reads after it go without bitmap scans too.
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_bitmapscan = off")
         cursor.execute(sql, [list(ids), Status.COMPLETE, since, Status.FAILED, since])
