@@ -4,8 +4,8 @@ lock (migrations 0025 and 0027; see queues/engine/partitions.py for why).
 The existing table, with its rows, becomes the first partition, holding everything before the
 next midnight UTC (the next Monday when these migrations made weeks): a CHECK constraint proves
 that range, added NOT VALID and validated apart (a scan that lets writes go on), and the unique
-index on (id, time) the partitioned primary key needs is built CONCURRENTLY. Then one short transaction swaps the tables and attaches the old one without
-a scan. A table without rows (a new installation) is simply replaced. Django's model is
+index on (id, time) the partitioned primary key needs is built CONCURRENTLY. Then one short
+transaction swaps the tables and attaches the old one without a scan. A table without rows (a new installation) is simply replaced. Django's model is
 unchanged: ids still come from one sequence, so `id` stays unique; PostgreSQL only requires the
 partition key in the primary key.
 

@@ -266,7 +266,8 @@ class AccountForm(forms.Form):
     def unpadded(self) -> str:
         """The name without its spaces at either end, if it has any: the account it is not."""
         account = self.cleaned_data["account"]
-        return account.strip(" ") if account != account.strip(" ") else ""
+        stripped = account.strip(" ")
+        return stripped if stripped != account else ""
 
 
 class AccountsForm(forms.Form):

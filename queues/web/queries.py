@@ -134,13 +134,13 @@ def _timings(ids: list[int], now: datetime) -> dict[int, tuple]:
     in one statement of short index-ordered scans per queue. The SQL is written once, not
     compiled by the ORM per queue: at 100 queues, building and planning a UNION ALL of 100
     ORM querysets cost more than running it."""
+    since = to_db_datetime(now - timedelta(hours=1))
+    if is_postgres():
+        return _timings_in_sql(ids, since)
     part = (f"SELECT queue_id, run_at, started_at, finished_at FROM {Item._meta.db_table} "
             f"WHERE queue_id = {{queue}} AND status IN ('complete', 'failed') "
             f"AND finished_at >= %s AND started_at IS NOT NULL "
             f"ORDER BY finished_at DESC LIMIT {TIMING_SAMPLE}")
-    since = to_db_datetime(now - timedelta(hours=1))
-    if is_postgres():
-        return _timings_in_sql(ids, since)
     sql = " UNION ALL ".join([f"SELECT * FROM ({part.format(queue='%s')})"] * len(ids))
     samples = defaultdict(list)
     with connection.cursor() as cursor:
