@@ -339,8 +339,12 @@ class Item(models.Model):
                 condition=Q(status__in=FINISHED_STATUSES),
                 name="item_finished_status_idx",
             ),
-            # Accounts view and per-account in-flight counts.
-            models.Index(fields=["queue", "account", "status"], name="item_account_idx"),
+            # Accounts view, per-account in-flight counts, and a bulk preview by account: its
+            # sample of the latest finished is an index walk that stops at 20, where the
+            # account's every item in range was read and sorted (85 ms for 100,000 failures).
+            # Built concurrently by migration 0038.
+            models.Index(fields=["queue", "account", "status", "finished_at", "created_at", "id"],
+                         name="item_account_finish_idx"),
             # Find by payload field (queues.engine.payloads): `payload @> {...}` on PostgreSQL.
             # Built concurrently by migration 0031, and only there. Every non-HOT update adds
             # the new row's payload keys to each index whose condition the row meets. A dispatch

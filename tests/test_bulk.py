@@ -558,3 +558,15 @@ def test_a_second_retry_of_the_same_range_leaves_what_the_first_ran_and_failed_a
 
     assert run_to_end(bob).changed == 0
     assert set(Item.objects.values_list("status", flat=True)) == {Status.FAILED}
+
+
+def test_a_finished_operation_reads_its_queues_head_once_so_an_operator_need_not(
+        queue, small_steps, monkeypatch):
+    # A cancel of the oldest waiting items leaves their index entries dead at the head, which
+    # the first reader walks (and marks); the worker is that reader, not the next overview.
+    items_in_status(queue, "queued", 25)
+    operation = confirm(bulk.preview(a_filter(queue, "cancel", ["queued"])))
+    reads = []
+    monkeypatch.setattr(counters, "oldest_waiting", lambda ids, now: reads.append(ids))
+    bulk.run(operation.pk)
+    assert reads == [[queue.pk]]

@@ -1,5 +1,5 @@
 """The items table's indexes on PostgreSQL: every one the model declares exists, including
-those the migrations build concurrently there alone (0011, 0026, 0029, 0031)."""
+those the migrations build concurrently there (0011, 0026, 0029, 0031, 0035, 0038)."""
 
 import pytest
 from django.db import connection
@@ -25,6 +25,14 @@ def test_migrating_back_drops_the_finished_status_index_and_forth_builds_it():
     with migrated_back_to("0028_item_autovacuum"):
         assert "item_finished_status_idx" not in indexes()
     assert "item_finished_status_idx" in indexes()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrating_back_gives_the_account_index_without_the_finish_order_and_forth_with_it():
+    with migrated_back_to("0037_compose_stored_names"):
+        assert {"item_account_idx"} == indexes() & {"item_account_idx", "item_account_finish_idx"}
+    assert {"item_account_finish_idx"} == indexes() & {"item_account_idx",
+                                                       "item_account_finish_idx"}
 
 
 def definition(name: str) -> str:

@@ -1,7 +1,6 @@
 """Overview `/`: every queue with counts from the counters, per-minute chart, timings, badges."""
 
 import pytest
-from django.db import connection
 
 from queues.engine import alerts
 from queues.models import AlertRule, CounterDelta, StatusCount
@@ -20,7 +19,6 @@ def test_overview_lists_every_queue_with_counts_per_status(role_client):
     assert summaries["emails"].counts["queued"] == 3
     assert summaries["emails"].counts["complete"] == 2
     assert sum(summaries["emails"].completed) == 2
-    assert summaries["emails"].run is not None and summaries["emails"].wait is not None
     assert summaries["emails"].oldest_waiting is not None
     assert summaries["reports"].counts["queued"] == 0
     assert b"Emails" in response.content and b'role="img"' in response.content
@@ -77,7 +75,7 @@ def test_htmx_refresh_returns_only_the_live_table(role_client):
 
 # On PostgreSQL the timings turn bitmap scans off for their statement: SET LOCAL in a
 # transaction of its own (a savepoint inside the test's), three statements more.
-OVERVIEW_QUERIES = 14 if connection.vendor == "postgresql" else 11
+OVERVIEW_QUERIES = 11
 
 
 def test_query_count_does_not_grow_with_items(role_client, django_assert_max_num_queries):
@@ -122,76 +120,50 @@ def test_the_overview_sorts_the_busiest_or_most_troubled_queue_first(role_client
         "a-quiet", "b-broken", "c-some"]
 
 
-def test_wait_and_run_times_read_each_queues_latest_finished_items_in_the_last_hour():
+def test_wait_and_run_times_sum_the_histograms_of_each_queues_last_15_minutes():
     from datetime import timedelta
 
     from django.utils import timezone
 
-    from queues.models import Item
+    from queues.models import MetricMinute
     from queues.web import queries
 
     now = timezone.now()
     emails, reports, idle = (QueueFactory(key=k) for k in ("emails", "reports", "idle"))
-    done = items_in_status(emails, "complete", 3) + items_in_status(emails, "failed", 1)
-    for n, item in enumerate(done):  # waited n + 1 s, ran 10 * (n + 1) s
-        started = now - timedelta(minutes=5)
-        Item.objects.filter(pk=item.pk).update(
-            run_at=started - timedelta(seconds=n + 1), started_at=started,
-            finished_at=started + timedelta(seconds=10 * (n + 1)))
-    old = items_in_status(emails, "complete", 1)[0]  # finished before the last hour
-    Item.objects.filter(pk=old.pk).update(started_at=now - timedelta(hours=3),
-                                          finished_at=now - timedelta(hours=2))
-    items_in_status(emails, "cancelled", 1)  # never started: no wait or run time
-    items_in_status(reports, "complete", 1)
+    minute = now.replace(second=0, microsecond=0) - timedelta(minutes=3)
+    MetricMinute.objects.create(queue=emails, start=minute, completed=4,
+                                wait_10=3, wait_12=1, run_05=2, run_08=2)
+    # The top accounts' rows repeat part of the queue's, and older minutes are left out.
+    MetricMinute.objects.create(queue=emails, account="acme", start=minute, wait_20=9, run_20=9)
+    MetricMinute.objects.create(queue=emails, start=minute - timedelta(minutes=15), wait_20=9,
+                                run_20=9)
+    MetricMinute.objects.create(queue=reports, start=minute, enqueued=5)  # nothing finished
     timings = queries._timings([emails.pk, reports.pk, idle.pk], now)
-    assert set(timings) == {emails.pk, reports.pk}
+    assert set(timings) == {emails.pk}
     wait, run = timings[emails.pk]
-    assert wait == (2.0, 3.0)  # of 1, 2, 3, 4 s (the old item's 1 h wait left out)
-    assert run == (20.0, 30.0)
+    # Placed linearly inside the buckets [0.512 s, 1.024 s) and [2.048 s, 4.096 s).
+    assert wait == pytest.approx((0.512 + 0.512 * 2 / 3, 2.048 + 2.048 * 0.8))
+    assert run == pytest.approx((0.032, 0.128 + 0.128 * 0.9))
 
 
-def test_wait_and_run_times_sample_at_most_the_newest_items_of_a_queue(monkeypatch):
+def test_wait_and_run_times_of_items_finished_through_the_lifecycle_once_rolled_up(
+        role_client):
     from datetime import timedelta
 
     from django.utils import timezone
 
-    from queues.models import Item
-    from queues.web import queries
+    from queues.engine import history
 
-    monkeypatch.setattr(queries, "TIMING_SAMPLE", 2)
-    now = timezone.now()
     queue = QueueFactory(key="emails")
-    for n, item in enumerate(items_in_status(queue, "complete", 4)):  # newest ran longest
-        finished = now - timedelta(minutes=10 - n)
-        Item.objects.filter(pk=item.pk).update(
-            run_at=finished - timedelta(seconds=100), started_at=finished - timedelta(
-                seconds=n + 1), finished_at=finished)
-    _, run = queries._timings([queue.pk], now)[queue.pk]
-    assert run == (3.0, 3.0)  # the two newest: 3 and 4 s; p50 of two is the lower
-
-
-def test_wait_and_run_percentiles_pick_the_same_sample_element_as_python_does():
-    # PostgreSQL works them out in SQL: the same elements as _p50_p95, to the microsecond.
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from queues.models import Item
-    from queues.web import queries
-
-    now = timezone.now()
-    queue = QueueFactory(key="emails")
-    waits, runs = [], []
-    for n, item in enumerate(items_in_status(queue, "complete", 7)):
-        wait = timedelta(seconds=(n * 37) % 11, microseconds=n * 123_457)
-        run = timedelta(seconds=(n * 13) % 7 + 0.5, microseconds=n * 7)
-        started = now - timedelta(minutes=30)
-        Item.objects.filter(pk=item.pk).update(run_at=started - wait, started_at=started,
-                                               finished_at=started + run)
-        waits.append(wait.total_seconds())
-        runs.append(run.total_seconds())
-    assert queries._timings([queue.pk], now)[queue.pk] == (queries._p50_p95(waits),
-                                                          queries._p50_p95(runs))
+    items_in_status(queue, "complete", 3)
+    viewer = role_client("Viewer")
+    assert viewer.get("/").context["summaries"][0].run is None  # not rolled up yet
+    history.backfill([queue.pk], now=timezone.now() + timedelta(minutes=1))
+    summary = viewer.get("/").context["summaries"][0]
+    # The factory's items wait and run for milliseconds.
+    assert 0 <= summary.wait[0] <= summary.wait[1] < 1
+    assert 0 <= summary.run[0] <= summary.run[1] < 1
+    assert b"the items finished in the last 15 minutes" in viewer.get("/").content
 
 
 def test_the_per_minute_chart_draws_a_bar_per_busy_minute_and_escapes_the_label():

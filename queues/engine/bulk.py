@@ -527,10 +527,20 @@ def run(operation_id: int, seconds: float = TASK_SECONDS) -> int:
             return steps
         steps += 1
         if not go_on:
+            after_last_step(operation_id)
             return steps
         if time.monotonic() > deadline:
             schedule(operation_id)
             return steps
+
+
+def after_last_step(operation_id: int):
+    """Reads the head of the queue's ready index once, from the worker: a cancel of the oldest
+    waiting items leaves their entries dead at its front, and the next reader walks every one
+    (the overview's oldest wait took 66 ms and more after a cancel of 100,000 at 10M items).
+    The walk marks them, so the operator's next page skips them."""
+    queue_id = BulkOperation.objects.filter(pk=operation_id).values_list("queue_id", flat=True)
+    counters.oldest_waiting(list(queue_id), timezone.now())
 
 
 def step(operation_id: int) -> bool:

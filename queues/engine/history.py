@@ -424,6 +424,30 @@ def series(queue_ids: Sequence[int] | None, start: datetime, end: datetime, step
     return found
 
 
+def timings(queue_ids: Sequence[int], start: datetime,
+            end: datetime) -> dict[int, tuple[tuple[float, float], tuple[float, float]]]:
+    """Each queue's wait and run times, ((p50, p95), (p50, p95)) in seconds, of the items that
+    finished in [start, end), from its minutes' histograms in one statement; a queue with
+    none finished is left out."""
+    if not queue_ids:
+        return {}
+    columns = BUCKETS["wait"] + BUCKETS["run"]
+    sums = ", ".join(f"SUM({c})" for c in columns)
+    found = {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT queue_id, {sums} FROM {MetricMinute._meta.db_table} WHERE queue_id IN "
+            f"({placeholders(len(queue_ids))}) AND account = '' AND start >= %s AND start < %s "
+            f"GROUP BY queue_id", [*queue_ids, to_db_datetime(start), to_db_datetime(end)])
+        for queue_id, *sums in cursor.fetchall():
+            counts = [int(n) for n in sums]  # PostgreSQL sums integers into numerics
+            wait, run = counts[:HISTOGRAM_BUCKETS], counts[HISTOGRAM_BUCKETS:]
+            if any(run):
+                found[queue_id] = ((percentile(wait, 0.5), percentile(wait, 0.95)),
+                                   (percentile(run, 0.5), percentile(run, 0.95)))
+    return found
+
+
 def top_accounts(queue_id: int, start: datetime, end: datetime, step: timedelta,
                  limit: int) -> tuple[list[str], list[dict[str, int]]]:
     """The `limit` accounts that completed the most items on the queue from `start` to `end`

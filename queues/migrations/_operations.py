@@ -90,6 +90,23 @@ class RemoveIndexConcurrentlyOnPostgres(RemoveIndex):
         return state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
 
 
+class RemoveIndexConcurrently(RemoveIndexConcurrentlyOnPostgres):
+    """Dropped concurrently on PostgreSQL, as above, and the plain way elsewhere: the reverse
+    of AddIndexConcurrently."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+        else:
+            RemoveIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            super().database_backwards(app_label, schema_editor, from_state, to_state)
+        else:
+            RemoveIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
 class AddCheckConstraintValidatedOnPostgres(AddConstraint):
     """On PostgreSQL, add the CHECK as NOT VALID (a brief lock, no scan) and validate it in a
     second statement that lets writes go on; elsewhere, Django's own way."""

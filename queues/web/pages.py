@@ -63,6 +63,7 @@ def overview(request):
     return _page_or_fragment(request, "queues/overview.html", "queues/_queue_table.html",
                              {"form": form, "summaries": summaries, "now": now,
                               "installation_alerts": alerts.installation,
+                              "timing_minutes": int(queries.TIMING_WINDOW.total_seconds() // 60),
                               "global_pause": pausing.global_pause()})
 
 
