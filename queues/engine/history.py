@@ -439,8 +439,8 @@ def timings(queue_ids: Sequence[int], start: datetime,
             f"SELECT queue_id, {sums} FROM {MetricMinute._meta.db_table} WHERE queue_id IN "
             f"({placeholders(len(queue_ids))}) AND account = '' AND start >= %s AND start < %s "
             f"GROUP BY queue_id", [*queue_ids, to_db_datetime(start), to_db_datetime(end)])
-        for queue_id, *sums in cursor.fetchall():
-            counts = [int(n) for n in sums]  # PostgreSQL sums integers into numerics
+        for queue_id, *totals in cursor.fetchall():
+            counts = [int(n) for n in totals]  # PostgreSQL sums integers into numerics
             wait, run = counts[:HISTOGRAM_BUCKETS], counts[HISTOGRAM_BUCKETS:]
             if any(run):
                 found[queue_id] = ((percentile(wait, 0.5), percentile(wait, 0.95)),

@@ -55,21 +55,29 @@ class AddIndexConcurrentlyOnPostgres(AddIndex):
                                    create=False)
 
 
-class AddIndexConcurrently(AddIndexConcurrentlyOnPostgres):
-    """Built concurrently on PostgreSQL, as above, and the plain way elsewhere (SQLite's
-    tables are small enough to lock for the build)."""
+class _PlainElsewhere:
+    """Mixed in before an ...OnPostgres operation: that one on PostgreSQL, and `plain`,
+    Django's own operation, elsewhere (SQLite's tables are small enough to lock)."""
+
+    plain: type
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor == "postgresql":
             super().database_forwards(app_label, schema_editor, from_state, to_state)
         else:
-            AddIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
+            self.plain.database_forwards(self, app_label, schema_editor, from_state, to_state)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor == "postgresql":
             super().database_backwards(app_label, schema_editor, from_state, to_state)
         else:
-            AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+            self.plain.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
+class AddIndexConcurrently(_PlainElsewhere, AddIndexConcurrentlyOnPostgres):
+    """Built concurrently on PostgreSQL, as above, and the plain way elsewhere."""
+
+    plain = AddIndex
 
 
 class RemoveIndexConcurrentlyOnPostgres(RemoveIndex):
@@ -90,21 +98,11 @@ class RemoveIndexConcurrentlyOnPostgres(RemoveIndex):
         return state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
 
 
-class RemoveIndexConcurrently(RemoveIndexConcurrentlyOnPostgres):
+class RemoveIndexConcurrently(_PlainElsewhere, RemoveIndexConcurrentlyOnPostgres):
     """Dropped concurrently on PostgreSQL, as above, and the plain way elsewhere: the reverse
     of AddIndexConcurrently."""
 
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-        else:
-            RemoveIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
-        else:
-            RemoveIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+    plain = RemoveIndex
 
 
 class AddCheckConstraintValidatedOnPostgres(AddConstraint):
