@@ -401,6 +401,69 @@ def test_a_rescued_item_taken_back_by_its_own_batch_runs_its_new_attempt_to_the_
     assert outcome["complete"] == 2 and outcome["taken while running"] == 1
 
 
+scripted: dict[tuple[str, int], threading.Event] = {}
+
+
+@handlers.handler("test-scripted")
+def scripted_handler(task):
+    """Waits for the test to open the gate of its (identifier, attempt), if it has one."""
+    if (gate_of := scripted.get((task.identifier, task.attempt))) is not None:
+        gate_of.wait(10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_item_taken_back_keeps_its_claim_when_its_stale_attempt_ends_first(monkeypatch):
+    # The frozen-worker drill's failure: the stale attempt's outcome dropped the claim of the
+    # current one, whose outcome, recorded beside an item of another dispatch, was then refused.
+    queue = QueueFactory(handler="test-scripted", batch_size=2, concurrency=2,
+                         backoff_seconds=[0])
+    scripted.clear()
+    scripted.update({key: threading.Event() for key in
+                     [("x", 1), ("y", 1), ("x", 2), ("z", 1)]})
+    run = BatchRun(queue, dispatched_batch(queue, ["x", "y"]))
+    hold, held, release = threading.Event(), threading.Event(), threading.Event()
+    stopping_since = heartbeat.stopping_since
+
+    def holding_the_loop():
+        if hold.is_set():  # the batch's loop waits here while the test lines up two outcomes
+            hold.clear()
+            held.set()
+            release.wait(10)
+        return stopping_since()
+
+    monkeypatch.setattr(heartbeat, "stopping_since", holding_the_loop)
+    thread = threading.Thread(target=lambda: (run.run(), connection.close()))
+    thread.start()
+
+    def item(identifier):
+        return Item.objects.get(identifier=identifier)
+
+    try:
+        assert processes.wait_for(lambda: Item.objects.filter(status=Status.RUNNING).count() == 2,
+                                  5)
+        lifecycle.rescue_lost(queue, {item("x").pk: 1})
+        scripted["y", 1].set()  # y completes; the freed thread takes x's attempt 2 back
+        assert processes.wait_for(lambda: item("x").status == Status.RUNNING, 5)
+        enqueue_many(queue.key, [{"account": "other", "identifier": "z"}])
+        scripted["x", 1].set()  # the stale attempt ends, refused; z takes its thread
+        assert processes.wait_for(lambda: item("z").status == Status.RUNNING, 5)
+        hold.set()
+        assert held.wait(5)
+        scripted["x", 2].set()
+        scripted["z", 1].set()
+        assert processes.wait_for(lambda: run.results.qsize() == 2, 5)
+    finally:
+        release.set()
+        for gate_of in scripted.values():
+            gate_of.set()
+        thread.join(10)
+    # Both are recorded in one statement, under each one's own dispatch.
+    assert item("x").dispatch_token != item("z").dispatch_token
+    assert {item(i).status for i in "xyz"} == {Status.COMPLETE}
+    assert list(Attempt.objects.filter(item__identifier="x").order_by("number")
+                .values_list("number", "outcome")) == [(1, "lost"), (2, "complete")]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_batch_waits_out_failing_statements_and_runs_every_item_exactly_once(monkeypatch, gate):
     monkeypatch.setattr(worker, "DATABASE_PAUSE_SECONDS", 0.01)

@@ -136,8 +136,12 @@ class BatchRun:
             ended = [outcome.item_id for outcome in outcomes]
             results = _retrying(lambda: lifecycle.finish(
                 self.queue, outcomes, worker=heartbeat.worker_id(), guard=self._guard(ended)))
+            # An item taken back while its earlier attempt still ran here keeps the claim of
+            # its current attempt until that one's outcome is recorded under it.
+            current = {pk for pk, _ in self.running}
             for pk in ended:
-                self.tokens.pop(pk, None)
+                if pk not in current:
+                    self.tokens.pop(pk, None)
             for kind, result in results.items():
                 self.summary[kind] += len(result.changed)
             _log_failures(self.queue, outcomes, results)
