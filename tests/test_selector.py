@@ -222,6 +222,36 @@ def test_a_concurrent_round_for_the_same_queue_returns_at_once_without_selecting
 
 
 @pytest.mark.postgres
+# More accounts than the round takes (the account scan and the claim), and fewer (the count of
+# each account's due items).
+@pytest.mark.parametrize(("accounts", "per_account"), [(20, 500), (10, 1000)])
+def test_a_round_on_a_queue_the_statistics_do_not_know_reads_only_the_ready_items_it_needs(
+        accounts, per_account):
+    # As in a database that has run for a while: the items the statistics know have finished.
+    for _ in range(5):
+        known = QueueFactory()
+        for account in range(3):
+            put(known, f"acct-{account}", 1000)
+    Item.objects.update(status=Status.COMPLETE, finished_at=timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE queues_item")
+    queue = QueueFactory(concurrency=10_000)
+    for account in range(accounts):
+        put(queue, f"acct-{account:02d}", per_account)
+
+    def ready_entries_read():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_get_xact_tuples_returned('item_ready_due_idx'::regclass)"
+                           " + pg_stat_get_xact_tuples_returned('item_ready_idx'::regclass)")
+            return cursor.fetchone()[0]
+
+    before = ready_entries_read()
+    assert selector.run_round(queue, for_cluster="host:1", limit=20).total == 20
+    # About one entry per account found and per item counted or claimed, not the queue's
+    # 10,000 once per account.
+    assert ready_entries_read() - before < 100
+
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_selectors_running_concurrently_never_select_the_same_item():
     queue = QueueFactory(batch_size=7, concurrency=10_000)

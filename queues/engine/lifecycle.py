@@ -571,7 +571,11 @@ def _update_sql(transition_: Transition, id_condition: str, id_params: list, ids
     None when the fence leaves no row to move."""
     table = Item._meta.db_table
     sets, params = _set_clauses(transition_, ids, now, reason, values, claim_for)
-    where = [id_condition, f"status IN ({placeholders(len(transition_.sources))})"]
+    # The rows are found by id. Written as `status IN`, the status check would let the planner
+    # reach them through a partial index of those statuses instead, and on statistics taken
+    # when almost nothing was ready it does: the dispatch then read every ready item of every
+    # queue. An expression matches no index predicate, so the primary key is the only way.
+    where = [id_condition, f"status || '' IN ({placeholders(len(transition_.sources))})"]
     params += id_params + list(transition_.sources)
     if expected_attempts is not None:
         # Group by attempt number: a batch holds few distinct numbers, so this stays small.
