@@ -310,17 +310,19 @@ def _record_round(queue: Queue, now: datetime, cursor: str, result: Round):
 
 
 def _try_lock(queue: Queue) -> bool:
-    """One round per queue at a time across processes and machines. On SQLite the IMMEDIATE
-    transaction already holds the database's single write lock."""
+    """One round per queue at a time across processes and machines, and the settings of the
+    round's transaction. On SQLite the IMMEDIATE transaction already holds the database's single
+    write lock."""
     if not is_postgres():
         return True
     with connection.cursor() as cursor:
         # A round lost in a crash loses its items' dispatch and their worker task together (same
         # transaction): they are simply ready again. So the round need not wait for its commit
         # to reach the disk. (A worker's outcomes commit before its top-up's round.)
+        #
         # The account scan and the claim read the ready set in item_ready_idx's order. On a
         # queue the statistics do not know yet (a new queue's first backlog: at 10M rows,
-        # autoanalyze waits for a million changes) the planner rates the smaller
+        # autoanalyze waits for 200,000 changes) the planner rates the smaller
         # item_ready_due_idx plus a sort as just as cheap, and that plan reads every ready item
         # of the queue once per account (125 ms a round at 10,000 items instead of 3). With
         # sorts ruled out, only item_ready_idx fits; nothing else in a round needs one.
