@@ -251,6 +251,7 @@ def test_a_round_on_a_queue_the_statistics_do_not_know_reads_only_the_ready_item
     # 10,000 once per account.
     assert ready_entries_read() - before < 100
 
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_selectors_running_concurrently_never_select_the_same_item():
