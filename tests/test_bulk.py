@@ -570,3 +570,28 @@ def test_a_finished_operation_reads_its_queues_head_once_so_an_operator_need_not
     monkeypatch.setattr(counters, "oldest_waiting", lambda ids, now: reads.append(ids))
     bulk.run(operation.pk)
     assert reads == [[queue.pk]]
+
+
+@pytest.mark.postgres
+def test_a_retry_preview_on_a_queue_the_statistics_do_not_know_looks_each_identifier_up_once(
+        queue):
+    # As in a database that has run for a while: its statistics know other queues' items.
+    known = QueueFactory()
+    for batch in range(2):
+        enqueued(known, 1000, prefix=f"known-{batch}")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE queues_item")
+    for batch in range(5):
+        enqueued(queue, 1000, prefix=f"waiting-{batch}")
+    items_in_status(queue, "failed", 20)
+
+    def live_entries_read():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_stat_get_xact_tuples_returned('item_live_identifier_uniq'::regclass)")
+            return cursor.fetchone()[0]
+
+    before = live_entries_read()
+    assert bulk.preview(a_filter(queue, "retry", ["failed"])).eligible == 20
+    # At most one entry per failure, not the queue's 5,000 live items once per failure.
+    assert live_entries_read() - before < 100

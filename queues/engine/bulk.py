@@ -23,7 +23,7 @@ from datetime import datetime
 
 from django.core import signing
 from django.db import IntegrityError, connection, transaction
-from django.db.models import BooleanField, Exists, Max, OuterRef, Q
+from django.db.models import BooleanField, Exists, Max, OuterRef, Q, Subquery
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -430,10 +430,14 @@ def preview(bulk_filter: BulkFilter, now: datetime | None = None) -> Preview:
             live_again_counted = eligible <= LIVE_AGAIN_CHECK_MAX
             if live_again_counted:
                 # Retrying an item whose identifier is live again on another item would
-                # duplicate it.
-                live_again = eligible_items.filter(Exists(Item.objects.filter(
+                # duplicate it. A scalar subquery, not EXISTS: PostgreSQL turns an EXISTS into a
+                # join, and on a queue its statistics do not know yet it read the queue's whole
+                # live set once per failure (4.7 s for 200 failures beside 50,000 queued items).
+                live_item = Item.objects.filter(
                     queue_id=frozen.queue_id, identifier=OuterRef("identifier"),
-                    status__in=LIVE_STATUSES))).count()
+                    status__in=LIVE_STATUSES).values("id")[:1]
+                live_again = eligible_items.alias(live_item=Subquery(live_item)).filter(
+                    live_item__isnull=False).count()
                 if live_again:
                     ineligible[lifecycle.LIVE_AGAIN] += live_again
                     eligible -= live_again
