@@ -568,10 +568,14 @@ def live_backlogs(queue: Queue, accounts: list[str], now: datetime) -> list[tupl
     accounts on one page, whose every item counted would be millions at scale. Past the limit,
     the figures are lower bounds."""
     moment = to_db_datetime(now)
+    # In item_ready_idx's order, which no other index gives: on a queue the statistics do not
+    # know yet, the planner otherwise took item_ready_due_idx and read the queue's whole ready
+    # set once per account (0.9 s for a page of 50 accounts beside 50,000 ready items).
     rows = _per_account_scan(
         queue, dict.fromkeys(accounts, LIVE_LIMIT + 1), READY_STATUSES, "run_at",
         "COUNT(*), SUM(CASE WHEN run_at <= %s THEN 1 ELSE 0 END), "
-        "MIN(CASE WHEN run_at <= %s THEN run_at END)", [moment, moment])
+        "MIN(CASE WHEN run_at <= %s THEN run_at END)", [moment, moment],
+        order=" ORDER BY priority DESC, run_at, id")
     return [(account, n, due, from_db_datetime(oldest)) for account, n, due, oldest in rows]
 
 
@@ -585,14 +589,14 @@ def live_in_flight(queue: Queue, limits: dict[str, int]) -> list[tuple[str, int]
 
 
 def _per_account_scan(queue: Queue, limits: dict[str, int], statuses, columns: str,
-                      figures: str, figure_params: list) -> list[tuple]:
+                      figures: str, figure_params: list, order: str = "") -> list[tuple]:
     """(account, *figures) over at most `limits[account]` of each account's items in
     `statuses` (reading `columns`), in one statement of one short index scan per account."""
     if not limits:
         return []
     listed = ", ".join(f"'{status}'" for status in statuses)
     take = (f"SELECT account, {columns} FROM {Item._meta.db_table} WHERE queue_id = %s "
-            f"AND account = {{account}} AND status IN ({listed}) LIMIT {{limit}}")
+            f"AND account = {{account}} AND status IN ({listed}){order} LIMIT {{limit}}")
     if is_postgres():
         # One plan for every account, LATERAL running the scan per account (a UNION ALL of 50
         # parts took PostgreSQL 12 ms to plan).
