@@ -280,30 +280,3 @@ def test_in_flight_stops_counting_past_the_limit_but_a_cap_above_it_is_read_whol
     assert re.search(r'<td class="num">3\+</td>', html)
     assert "more than 3 items ready or in flight" in html
 
-
-@pytest.mark.postgres
-def test_the_accounts_of_a_queue_the_statistics_do_not_know_are_counted_from_their_own_items(
-        role_client):
-    from django.db import connection
-
-    # As in a database that has run for a while: its statistics know other queues' items.
-    enqueued(QueueFactory(), 1000, prefix="known")
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE queues_item")
-    queue = QueueFactory(key="emails")
-    for account in range(20):
-        for batch in range(2):
-            enqueued(queue, 250, account=f"acct-{account:02d}", prefix=f"{account}-{batch}")
-
-    def ready_entries_read():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_stat_get_xact_tuples_returned('item_ready_due_idx'::regclass)"
-                           " + pg_stat_get_xact_tuples_returned('item_ready_idx'::regclass)")
-            return cursor.fetchone()[0]
-
-    before = ready_entries_read()
-    page = role_client("Viewer").get("/queues/emails/accounts/").context["page"]
-    assert len(page.rows) == 20
-    # Each account's first LIVE_LIMIT + 1 items (4,020 in all) and the account scan, not the
-    # queue's 10,000 ready items once per account.
-    assert ready_entries_read() - before < 3 * 4020
