@@ -279,4 +279,3 @@ def test_in_flight_stops_counting_past_the_limit_but_a_cap_above_it_is_read_whol
     html = response.content.decode()
     assert re.search(r'<td class="num">3\+</td>', html)
     assert "more than 3 items ready or in flight" in html
-

@@ -36,6 +36,8 @@ from queues.models import (
 log = logging.getLogger(__name__)
 LOCK_NAMESPACE = 7_466_001  # first key of the advisory lock; the queue id is the second
 READY_SQL = "status IN ('queued', 'retry')"  # the ready-set partial index's predicate
+# item_ready_idx's order within an account: a scan in it needs that index and no sort.
+READY_ORDER_SQL = "priority DESC, run_at, id"
 IDLE_SECONDS = 1.0  # longest wait between passes when nothing wakes the loop
 SQLITE_POLL_SECONDS = 0.25
 COALESCE_SECONDS = 0.05
@@ -442,7 +444,7 @@ def _demand(queue: Queue, now: datetime, limits: dict[str, int]) -> dict[str, in
         # In the claim's order, which only item_ready_idx gives without a sort (see _try_lock):
         # by run_at, the planner may read the queue's whole ready set once per account.
         sql = (f"SELECT p.account, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {due} "
-               f"AND account = p.account ORDER BY priority DESC, run_at, id LIMIT p.n) AS d) "
+               f"AND account = p.account ORDER BY {READY_ORDER_SQL} LIMIT p.n) AS d) "
                f"FROM unnest(%s::text[], %s::int[]) AS p(account, n)")
         params = [queue.pk, to_db_datetime(now), list(limits), list(limits.values())]
     else:
@@ -462,7 +464,7 @@ def _claim_sql(queue: Queue, now: datetime, plan: dict[str, int]) -> tuple[str, 
     ready, first. PostgreSQL skips rows another transaction holds (an admin cancelling them,
     say)."""
     table = Item._meta.db_table
-    order = "ORDER BY priority DESC, run_at, id"
+    order = f"ORDER BY {READY_ORDER_SQL}"
     due = f"queue_id = %s AND {READY_SQL} AND run_at <= %s"
     if is_postgres():
         sql = (f"SELECT c.id FROM unnest(%s::text[], %s::int[]) AS p(account, n) CROSS JOIN "

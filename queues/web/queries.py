@@ -23,6 +23,7 @@ from queues.engine.db import from_db_datetime, is_postgres, to_db_datetime
 from queues.engine.errors import group_key, group_pattern, normalise_error
 from queues.engine.forecast import NextRun
 from queues.engine.lifecycle import retry_delay
+from queues.engine.selector import READY_ORDER_SQL
 from queues.models import (
     FINISHED_STATUSES,
     IN_FLIGHT_STATUSES,
@@ -575,7 +576,7 @@ def live_backlogs(queue: Queue, accounts: list[str], now: datetime) -> list[tupl
         queue, dict.fromkeys(accounts, LIVE_LIMIT + 1), READY_STATUSES, "run_at",
         "COUNT(*), SUM(CASE WHEN run_at <= %s THEN 1 ELSE 0 END), "
         "MIN(CASE WHEN run_at <= %s THEN run_at END)", [moment, moment],
-        order=" ORDER BY priority DESC, run_at, id")
+        order=READY_ORDER_SQL)
     return [(account, n, due, from_db_datetime(oldest)) for account, n, due, oldest in rows]
 
 
@@ -595,8 +596,9 @@ def _per_account_scan(queue: Queue, limits: dict[str, int], statuses, columns: s
     if not limits:
         return []
     listed = ", ".join(f"'{status}'" for status in statuses)
+    order_by = f" ORDER BY {order}" if order else ""
     take = (f"SELECT account, {columns} FROM {Item._meta.db_table} WHERE queue_id = %s "
-            f"AND account = {{account}} AND status IN ({listed}){order} LIMIT {{limit}}")
+            f"AND account = {{account}} AND status IN ({listed}){order_by} LIMIT {{limit}}")
     if is_postgres():
         # One plan for every account, LATERAL running the scan per account (a UNION ALL of 50
         # parts took PostgreSQL 12 ms to plan).
