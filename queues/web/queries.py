@@ -7,13 +7,14 @@ accounts on the page.
 """
 
 from collections import Counter, defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlencode
 
 from django.core import signing
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Exists, Min, OuterRef, Q
 
 from queues.engine import counters, forecast, history
@@ -569,9 +570,7 @@ def live_backlogs(queue: Queue, accounts: list[str], now: datetime) -> list[tupl
     accounts on one page, whose every item counted would be millions at scale. Past the limit,
     the figures are lower bounds."""
     moment = to_db_datetime(now)
-    # In item_ready_idx's order, which no other index gives: on a queue the statistics do not
-    # know yet, the planner otherwise took item_ready_due_idx and read the queue's whole ready
-    # set once per account (0.9 s for a page of 50 accounts beside 50,000 ready items).
+    # In item_ready_idx's order, which no other index gives (_in_index_order says why).
     rows = _per_account_scan(
         queue, dict.fromkeys(accounts, LIVE_LIMIT + 1), READY_STATUSES, "run_at",
         "COUNT(*), SUM(CASE WHEN run_at <= %s THEN 1 ELSE 0 END), "
@@ -614,9 +613,28 @@ def _per_account_scan(queue: Queue, limits: dict[str, int], statuses, columns: s
         sql = f"SELECT account, {figures} FROM ({parts}) GROUP BY account"
         params = [*figure_params, *(p for account, most in limits.items()
                                     for p in (queue.pk, account, most))]
-    with connection.cursor() as cursor:
+    with _in_index_order() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+@contextmanager
+def _in_index_order():
+    """A cursor whose statements read their ORDER BY from an index rather than sort. On a queue
+    the statistics do not know yet, PostgreSQL rated item_ready_due_idx plus a sort as cheap
+    as item_ready_idx, and that plan read the queue's whole ready set once per account (410,183
+    entries for a page of 20 accounts beside 10,000 ready items). As in the selector's rounds,
+    sorts are ruled out for these statements only, then set back."""
+    if not is_postgres():
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('enable_sort'), "
+                       "set_config('enable_sort', 'off', true)")
+        before = cursor.fetchone()[0]
+        yield cursor
+        cursor.execute("SELECT set_config('enable_sort', %s, true)", [before])
 
 
 def ranked_accounts(queue: Queue, sort: str, after: tuple | None,
@@ -693,7 +711,7 @@ def accounts_with_backlog(queue: Queue, after: str, limit: int) -> list[str]:
            f" UNION ALL SELECT ({step.format(prev='accounts.account')}), n + 1 FROM accounts"
            f" WHERE accounts.account IS NOT NULL AND n < %s"
            f") SELECT account FROM accounts WHERE account IS NOT NULL")
-    with connection.cursor() as cursor:
+    with _in_index_order() as cursor:
         cursor.execute(sql, [queue.pk, after, queue.pk, limit])
         return [row[0] for row in cursor.fetchall()]
 

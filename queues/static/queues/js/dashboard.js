@@ -101,7 +101,8 @@
   // A form whose errors come back into another region (a filter form's list, the bulk
   // preview) is not re-rendered, so its fields are marked here: each error's id is the one
   // Django's widget names in aria-describedby (_form_errors.html). Sending the form again
-  // clears the marks; the answer sets them anew.
+  // clears the marks; the answer sets them anew. Answers can settle out of order (a change and
+  // a submit, a list's own refresh), so each settle also unmarks fields whose error is gone.
   document.addEventListener("htmx:beforeRequest", function (event) {
     var form = event.detail.elt;
     if (form.tagName !== "FORM") { return; }
@@ -111,6 +112,15 @@
   });
   document.addEventListener("htmx:afterSettle", function (event) {
     if (!event.target.querySelectorAll) { return; }
+    document.querySelectorAll("form [aria-invalid]").forEach(function (field) {
+      var error = field.id + "_error";
+      if (document.getElementById(error)) { return; }
+      field.removeAttribute("aria-invalid");
+      var described = (field.getAttribute("aria-describedby") || "").split(/\s+/);
+      field.setAttribute("aria-describedby", described.filter(function (id) {
+        return id && id !== error;
+      }).join(" "));
+    });
     event.target.querySelectorAll("[id$='_error']").forEach(function (error) {
       var field = document.getElementById(error.id.slice(0, -"_error".length));
       if (!field || !field.form) { return; }
