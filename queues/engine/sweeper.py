@@ -1,6 +1,6 @@
 """The sweeper: rescues items whose worker vanished, prunes what is past retention, folds the
-counter deltas, ranks the accounts for the accounts page, and records every run (empty ones too)
-as its liveness signal.
+counter deltas, makes new big queues known to the planner, ranks the accounts for the accounts
+page, and records every run (empty ones too) as its liveness signal.
 
 Each step handles one bounded batch in one short transaction and says whether to go on at
 once; `run` repeats steps for a while. Steps are safe to repeat and to race: rescue goes through
@@ -17,7 +17,15 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queues.engine import account_stats, bulk, counters, heartbeat, lifecycle, partitions
+from queues.engine import (
+    account_stats,
+    bulk,
+    counters,
+    heartbeat,
+    lifecycle,
+    partitions,
+    table_stats,
+)
 from queues.engine.db import is_postgres, to_db_datetime
 from queues.engine.logfields import item_fields
 from queues.models import (
@@ -63,6 +71,8 @@ def run(seconds: float = 240.0) -> dict[str, int] | None:
         totals["counter deltas folded"] += counters.rollup()
         totals["bulk operations resumed"] += bulk.resume_lost(
             timezone.now() - BULK_STEP_LOST_AFTER)
+        # Before the ranking, whose reads are planned with what this learns.
+        totals["queues made known to the planner"] += len(table_stats.refresh())
         # Last, so that the ranking counts the items this run rescued. Once per run (5 minutes)
         # rather than every minute: it reads every ready item, and the page says its age.
         totals["accounts ranked"] += account_stats.refresh_all()

@@ -7,20 +7,19 @@ accounts on the page.
 """
 
 from collections import Counter, defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlencode
 
 from django.core import signing
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Exists, Min, OuterRef, Q
 
 from queues.engine import counters, forecast, history
 from queues.engine.account_stats import recent_service
 from queues.engine.bulk import CLOCKS, PREFIX_END, keyset_after, newest_first
-from queues.engine.db import from_db_datetime, is_postgres, to_db_datetime
+from queues.engine.db import from_db_datetime, is_postgres, sorts_off, to_db_datetime
 from queues.engine.errors import group_key, group_pattern, normalise_error
 from queues.engine.forecast import NextRun
 from queues.engine.lifecycle import retry_delay
@@ -202,6 +201,8 @@ def filtered_items(queue: Queue, data: dict):
     return items
 
 
+# The filters besides statuses and a time range.
+NARROWING_FILTERS = ("account", "identifier", "error", "group", "payload", "task")
 # A list's order, newest first, as the fields of its keyset (the last one unique).
 ENQUEUED_ORDER = ("created_at", "id")
 # item_finished_status_idx's order, so a page of the latest failures reads an index range
@@ -239,7 +240,18 @@ def listed(base, data: dict, order: tuple[str, ...], position: tuple | None,
     if position:
         base = base.filter(keyset_after(order, position, descending=not newer))
     return newest_first(base, listed_statuses(data, order), limit, order,
-                        by_status=not data.get("payload"), oldest=newer)
+                        by_status=not data.get("payload"), oldest=newer,
+                        index_ordered=_in_index_order(data, order))
+
+
+def _in_index_order(data: dict, order: tuple[str, ...]) -> bool:
+    """Statuses and a range on the list's own clock, nothing else: the browse index (or the
+    finish index) then gives the list's order exactly. Any other filter may find its few rows
+    faster by its own index and a sort."""
+    if any(data.get(name) for name in NARROWING_FILTERS):
+        return False
+    bounded = data.get("created_from") or data.get("created_to")
+    return not bounded or (data.get("clock") or "enqueued") == "enqueued" or order == FINISHED_ORDER
 
 
 def item_page(queue: Queue, data: dict, now: datetime) -> ItemPage:
@@ -295,8 +307,7 @@ def _total(queue: Queue, base, data: dict) -> tuple[int, bool]:
     """How many items match, and whether that is exact (a narrowed count stops past
     EXACT_COUNT_LIMIT)."""
     statuses = data.get("status") or list(Status.values)
-    narrowed = any(data.get(k) for k in ("account", "identifier", "error", "group", "payload",
-                                         "task", "created_from", "created_to"))
+    narrowed = any(data.get(k) for k in (*NARROWING_FILTERS, "created_from", "created_to"))
     if not narrowed:
         counts = counters.status_counts([queue.pk])[queue.pk]
         return sum(max(0, counts[s]) for s in statuses), True
@@ -570,7 +581,7 @@ def live_backlogs(queue: Queue, accounts: list[str], now: datetime) -> list[tupl
     accounts on one page, whose every item counted would be millions at scale. Past the limit,
     the figures are lower bounds."""
     moment = to_db_datetime(now)
-    # In item_ready_idx's order, which no other index gives (_in_index_order says why).
+    # In item_ready_idx's order, which no other index gives (sorts_off says why).
     rows = _per_account_scan(
         queue, dict.fromkeys(accounts, LIVE_LIMIT + 1), READY_STATUSES, "run_at",
         "COUNT(*), SUM(CASE WHEN run_at <= %s THEN 1 ELSE 0 END), "
@@ -613,28 +624,9 @@ def _per_account_scan(queue: Queue, limits: dict[str, int], statuses, columns: s
         sql = f"SELECT account, {figures} FROM ({parts}) GROUP BY account"
         params = [*figure_params, *(p for account, most in limits.items()
                                     for p in (queue.pk, account, most))]
-    with _in_index_order() as cursor:
+    with sorts_off(), connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
-
-
-@contextmanager
-def _in_index_order():
-    """A cursor whose statements read their ORDER BY from an index rather than sort. On a queue
-    the statistics do not know yet, PostgreSQL rated item_ready_due_idx plus a sort as cheap
-    as item_ready_idx, and that plan read the queue's whole ready set once per account (410,183
-    entries for a page of 20 accounts beside 10,000 ready items). As in the selector's rounds,
-    sorts are ruled out for these statements only, then set back."""
-    if not is_postgres():
-        with connection.cursor() as cursor:
-            yield cursor
-        return
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('enable_sort'), "
-                       "set_config('enable_sort', 'off', true)")
-        before = cursor.fetchone()[0]
-        yield cursor
-        cursor.execute("SELECT set_config('enable_sort', %s, true)", [before])
 
 
 def ranked_accounts(queue: Queue, sort: str, after: tuple | None,
@@ -711,7 +703,7 @@ def accounts_with_backlog(queue: Queue, after: str, limit: int) -> list[str]:
            f" UNION ALL SELECT ({step.format(prev='accounts.account')}), n + 1 FROM accounts"
            f" WHERE accounts.account IS NOT NULL AND n < %s"
            f") SELECT account FROM accounts WHERE account IS NOT NULL")
-    with _in_index_order() as cursor:
+    with sorts_off(), connection.cursor() as cursor:
         cursor.execute(sql, [queue.pk, after, queue.pk, limit])
         return [row[0] for row in cursor.fetchall()]
 
