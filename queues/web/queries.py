@@ -7,6 +7,7 @@ accounts on the page.
 """
 
 from collections import Counter, defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
@@ -624,7 +625,8 @@ def _per_account_scan(queue: Queue, limits: dict[str, int], statuses, columns: s
         sql = f"SELECT account, {figures} FROM ({parts}) GROUP BY account"
         params = [*figure_params, *(p for account, most in limits.items()
                                     for p in (queue.pk, account, most))]
-    with sorts_off(), connection.cursor() as cursor:
+    # With an order, read from item_ready_idx only (sorts_off); the in-flight count has none.
+    with sorts_off() if order else nullcontext(), connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
 
