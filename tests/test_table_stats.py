@@ -13,8 +13,7 @@ def estimated_rows(queue):
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (FORMAT JSON) SELECT id FROM queues_item WHERE queue_id = %s",
                        [queue.pk])
-        plan = cursor.fetchone()[0]
-    return plan[0]["Plan"]["Plan Rows"] if isinstance(plan, list) else None
+        return cursor.fetchone()[0][0]["Plan"]["Plan Rows"]
 
 
 def filled_after_analyze(monkeypatch):
