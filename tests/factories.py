@@ -116,3 +116,29 @@ def failures_finished_in_reverse_order(queue):
     Item.objects.filter(pk=old.pk).update(finished_at=now - timedelta(days=2))
     items_in_status(queue, "complete", 1, prefix="done")
     return ["f-1", "f-0", "f-3", "f-2", "f-5", "f-4", "f-6"]
+
+
+def index_entries_read(*indexes):
+    """Entries this transaction has read from the named indexes of queues_item (all of them
+    when none is named): how a plan test tells an index range from a whole queue read."""
+    from django.db import connection
+
+    names = list(indexes) or None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT COALESCE(SUM(pg_stat_get_xact_tuples_returned(indexrelid)), 0) "
+                       "FROM pg_index WHERE indrelid = 'queues_item'::regclass "
+                       "AND (%s::text[] IS NULL OR indexrelid::regclass::text = ANY(%s::text[]))",
+                       [names, names])
+        return cursor.fetchone()[0]
+
+
+def analyzed_before_new_queues(status="complete", known=1000):
+    """Statistics as a database that has run a while has them: ANALYZE after another queue's
+    `known` items in `status`, so that a queue made next is unknown to them."""
+    from django.db import connection
+
+    other = QueueFactory()
+    for batch in range(0, known, 1000):
+        items_in_status(other, status, min(1000, known - batch), prefix=f"known-{batch}")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE queues_item")

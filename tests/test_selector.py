@@ -25,7 +25,7 @@ from queues.models import (
     Status,
     SweepRun,
 )
-from tests.factories import AccountPolicyFactory, QueueFactory
+from tests.factories import AccountPolicyFactory, QueueFactory, index_entries_read
 from tests.flaky_database import failing_statements
 from tests.round_lock import round_lock_held
 
@@ -239,17 +239,11 @@ def test_a_round_on_a_queue_the_statistics_do_not_know_reads_only_the_ready_item
     for account in range(accounts):
         put(queue, f"acct-{account:02d}", per_account)
 
-    def ready_entries_read():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_stat_get_xact_tuples_returned('item_ready_due_idx'::regclass)"
-                           " + pg_stat_get_xact_tuples_returned('item_ready_idx'::regclass)")
-            return cursor.fetchone()[0]
-
-    before = ready_entries_read()
+    before = index_entries_read("item_ready_due_idx", "item_ready_idx")
     assert selector.run_round(queue, for_cluster="host:1", limit=20).total == 20
     # About one entry per account found and per item counted or claimed, not the queue's
     # 10,000 once per account.
-    assert ready_entries_read() - before < 100
+    assert index_entries_read("item_ready_due_idx", "item_ready_idx") - before < 100
 
 
 @pytest.mark.postgres

@@ -4,7 +4,7 @@ import pytest
 from django.db import connection
 
 from queues.engine import sweeper, table_stats
-from tests.factories import QueueFactory, enqueued, items_in_status
+from tests.factories import QueueFactory, analyzed_before_new_queues, enqueued
 
 pytestmark = pytest.mark.django_db
 
@@ -20,9 +20,7 @@ def filled_after_analyze(monkeypatch):
     """A queue of 1,500 items made after an ANALYZE that saw only another queue's finished
     items, with the size of a big queue lowered to 1,000 so the test stays small."""
     monkeypatch.setattr(table_stats, "BIG_QUEUE_ITEMS", 1000)
-    items_in_status(QueueFactory(), "complete", 1000, prefix="known")
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE queues_item")
+    analyzed_before_new_queues()
     queue = QueueFactory(key="newcomer")
     for batch in range(3):
         enqueued(queue, 500, account=f"acct-{batch}", prefix=f"new-{batch}")

@@ -11,7 +11,14 @@ from queues import enqueue
 from queues.engine import account_stats, selector
 from queues.models import SelectorRound, SelectorState
 from queues.web import queries
-from tests.factories import AccountPolicyFactory, QueueFactory, enqueued, items_in_status
+from tests.factories import (
+    AccountPolicyFactory,
+    QueueFactory,
+    analyzed_before_new_queues,
+    enqueued,
+    index_entries_read,
+    items_in_status,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -286,29 +293,17 @@ def test_in_flight_stops_counting_past_the_limit_but_a_cap_above_it_is_read_whol
                                            ("cancelled", 5000)])
 def test_the_accounts_of_a_queue_the_statistics_do_not_know_are_counted_from_their_own_items(
         role_client, status, known):
-    from django.db import connection
-
     # As in a database that has run for a while: its statistics know other queues' items (or
     # none), never this queue's.
-    other = QueueFactory()
-    for batch in range(0, known, 1000):
-        items_in_status(other, status, 1000, prefix=f"known-{batch}")
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE queues_item")
+    analyzed_before_new_queues(status, known)
     queue = QueueFactory(key="emails")
     for account in range(20):
         for batch in range(2):
             enqueued(queue, 250, account=f"acct-{account:02d}", prefix=f"{account}-{batch}")
 
-    def ready_entries_read():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_stat_get_xact_tuples_returned('item_ready_due_idx'::regclass)"
-                           " + pg_stat_get_xact_tuples_returned('item_ready_idx'::regclass)")
-            return cursor.fetchone()[0]
-
-    before = ready_entries_read()
+    before = index_entries_read("item_ready_due_idx", "item_ready_idx")
     page = role_client("Viewer").get("/queues/emails/accounts/").context["page"]
     assert len(page.rows) == 20
     # Each account's first LIVE_LIMIT + 1 items (4,020 in all) and a step of the account scan
     # per account, not the queue's 10,000 ready items once per account.
-    assert ready_entries_read() - before < 3 * 4020
+    assert index_entries_read("item_ready_due_idx", "item_ready_idx") - before < 3 * 4020

@@ -14,8 +14,10 @@ from queues.web import queries
 from tests.factories import (
     AccountPolicyFactory,
     QueueFactory,
+    analyzed_before_new_queues,
     enqueued,
     failures_finished_in_reverse_order,
+    index_entries_read,
     items_in_status,
 )
 
@@ -435,21 +437,13 @@ def test_a_list_of_failed_items_offers_no_cancel_of_a_selection(role_client, que
 def test_the_first_page_of_a_queue_the_statistics_do_not_know_reads_a_page_not_the_queue(
         role_client):
     # Statistics that saw only another queue's finished items: the new queue is "one row".
-    items_in_status(QueueFactory(), "complete", 1000, prefix="known")
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE queues_item")
+    analyzed_before_new_queues()
     queue = QueueFactory(key="emails")
     for batch in range(4):
         enqueued(queue, 500, account=f"acct-{batch}", prefix=f"new-{batch}")
 
-    def entries_read():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT SUM(pg_stat_get_xact_tuples_returned(indexrelid)) "
-                           "FROM pg_index WHERE indrelid = 'queues_item'::regclass")
-            return cursor.fetchone()[0]
-
-    before = entries_read()
+    before = index_entries_read()
     response = role_client("Viewer").get("/queues/emails/")
     assert len(response.context["page"].items) == 50
     # A page and a look past it per status, not the queue's 2,000 queued items sorted.
-    assert entries_read() - before < 500
+    assert index_entries_read() - before < 500
