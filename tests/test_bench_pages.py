@@ -4,7 +4,7 @@ import pytest
 from django.db import connection
 
 from queues.bench import scenarios as bench
-from queues.models import MetricMinute, SelectorRound
+from queues.models import ApiToken, AuditEntry, MetricMinute, SelectorRound
 from queues.web import queries
 from tests.factories import QueueFactory, enqueued, items_in_status
 
@@ -27,9 +27,9 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     names = [name for name, _, _ in report.figures]
     # Figures of the set-up, three of each bulk preview (four on PostgreSQL: its heap fetches),
     # three of each page, the export's first byte, three of the overview with every queue busy,
-    # three of each page by share of service.
+    # three of each of the API's two reads, three of each page by share of service.
     previews = 8 if connection.vendor == "postgresql" else 6
-    assert len(names) == 4 + previews + (21 + 9) * 3 + 1 + 3 + 2 * 3
+    assert len(names) == 4 + previews + (21 + 9) * 3 + 1 + 2 * 3 + 3 + 2 * 3
     assert "dead letters p95" in names and "/metrics (every queue) SQL queries" in names
     assert "alerts (every queue's rules) p95" in names and "live stream page p95" in names
     assert "bulk preview (cancel queued, 30 d) p95" in names
@@ -37,6 +37,8 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     assert "bulk preview (retry failed, 30 d), first" in names
     assert "CSV export, first byte p95" in names
     assert "overview, every queue busy p95" in names
+    assert "API: queue list (every queue) p95" in names and "API: item (failed item) p95" in names
+    assert not ApiToken.objects.exists() and not AuditEntry.objects.exists()  # rolled back
     # Its busy minutes were rolled back.
     assert not MetricMinute.objects.filter(completed=6_000).exists()
     assert "account ranking refresh (one queue) p50" in names

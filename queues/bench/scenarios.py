@@ -659,9 +659,25 @@ def run_pages(*, queue_key: str, requests: int, log=print) -> Report:
                                      for n, u in pages.items()]
                     + [(n, u, htmx) for n, u in fragments.items()], requests, log)
         _time_first_byte(report, client, f"{base}export.csv", requests, log)
+    _time_api_reads(report, client, failed, requests, log)
     _time_busy_overview(report, client, requests, log)
     _time_accounts_by_share(report, client, queue, requests, log)
     return report
+
+
+def _time_api_reads(report: Report, client, item_id: int, requests: int, log):
+    """The JSON API's reads as a client holding a token sees them: the list of every queue
+    with its counts, and one item. The token is made in a transaction rolled back after the
+    timing, so it leaves no token and no audit entry."""
+    from queues.engine import tokens
+
+    with transaction.atomic():
+        _, secret = tokens.create("bench-pages", all_queues=True, actor="bench")
+        bearer = {"HTTP_AUTHORIZATION": f"Bearer {secret}"}
+        _time_pages(report, client, [
+            ("API: queue list (every queue)", "/api/v1/queues", bearer),
+            ("API: item (failed item)", f"/api/v1/items/{item_id}", bearer)], requests, log)
+        transaction.set_rollback(True)
 
 
 def _time_accounts_by_share(report: Report, client, queue: Queue, requests: int, log):
