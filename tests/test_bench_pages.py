@@ -26,8 +26,8 @@ def test_bench_pages_reports_time_and_queries_of_every_page(settings, monkeypatc
     report = bench.run_pages(queue_key="bench-pages", requests=2, log=lambda _: None)
     names = [name for name, _, _ in report.figures]
     # Figures of the set-up, three of each bulk preview (four on PostgreSQL: its heap fetches),
-    # three of each page, the export's first byte, three of the overview with every queue busy,
-    # three of each of the API's two reads, three of each page by share of service.
+    # three of each page, the export's first byte, three of each of the API's two reads, three
+    # of the overview with every queue busy, three of each page by share of service.
     previews = 8 if connection.vendor == "postgresql" else 6
     assert len(names) == 4 + previews + (21 + 9) * 3 + 1 + 2 * 3 + 3 + 2 * 3
     assert "dead letters p95" in names and "/metrics (every queue) SQL queries" in names
