@@ -275,6 +275,8 @@ class Item(models.Model):
     dispatch_token = models.BigIntegerField(default=0, db_default=0)
     # The worker cluster (host:pid, as in ClusterHeartbeat) whose batch claimed the dispatched
     # item: when that cluster stops beating, its items are rescued without waiting for timeouts.
+    # In no index, so that a claim, which writes only this, is a HOT update that adds no index
+    # entry, and a dispatch and a start add one fewer each (migration 0039).
     cluster = models.CharField(max_length=100, blank=True, default="", db_default="")
     # The module path of the django.tasks task the item runs (queues.engine.tasks), written
     # only by the tasks backend: the JSON API and queues.enqueue never accept it.
@@ -310,18 +312,12 @@ class Item(models.Model):
             models.Index(fields=["queue", "status", "created_at", "id"], name="item_browse_idx"),
             # Search by identifier, including finished items.
             models.Index(fields=["queue", "identifier"], name="item_identifier_idx"),
-            # Sweeper: dispatched or running items older than their timeout; a small set.
+            # Sweeper: dispatched or running items older than their timeout; a small set, which
+            # the rescue of a silent cluster's items reads whole (cluster is in no index, 0039).
             models.Index(
                 fields=["queue", "status", "updated_at"],
                 condition=Q(status__in=IN_FLIGHT_STATUSES),
                 name="item_in_flight_idx",
-            ),
-            # Rescue of the items a cluster held when it stopped beating, without a queue.
-            # Built concurrently by migration 0026, and only on PostgreSQL.
-            models.Index(
-                fields=["cluster"],
-                condition=Q(status__in=IN_FLIGHT_STATUSES),
-                name="item_in_flight_cluster_idx",
             ),
             # Sweeper retention pruning: finished items by finish time.
             models.Index(

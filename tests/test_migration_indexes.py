@@ -1,5 +1,6 @@
 """The items table's indexes on PostgreSQL: every one the model declares exists, including
-those the migrations build concurrently there (0011, 0026, 0029, 0031, 0035, 0038)."""
+those the migrations build concurrently there (0011, 0029, 0031, 0035, 0038), and the one 0039
+drops (0026's) is gone."""
 
 import pytest
 from django.db import connection
@@ -33,6 +34,15 @@ def test_migrating_back_gives_the_account_index_without_the_finish_order_and_for
         assert {"item_account_idx"} == indexes() & {"item_account_idx", "item_account_finish_idx"}
     assert {"item_account_finish_idx"} == indexes() & {"item_account_idx",
                                                        "item_account_finish_idx"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_cluster_is_in_no_index_and_migrating_back_builds_the_in_flight_one_by_cluster():
+    # A claim writes only the cluster: with the column in no index it is a HOT update.
+    assert not [name for name in indexes() if "cluster" in definition(name).split(" USING ")[-1]]
+    with migrated_back_to("0038_item_account_finish_idx"):
+        assert "item_in_flight_cluster_idx" in indexes()
+    assert "item_in_flight_cluster_idx" not in indexes()
 
 
 def definition(name: str) -> str:

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from queues import enqueue_many
@@ -336,6 +337,37 @@ def test_a_cluster_within_its_beats_keeps_its_items():
     assert Item.objects.get(pk=pk).status == Status.RUNNING
 
 
+def test_a_silent_cluster_handed_back_is_read_again_only_once_it_beat_again_or_after_a_while(
+        monkeypatch):
+    # Its items are found by reading every in-flight item: not every few seconds for the day
+    # a killed cluster stays on record.
+    queue = QueueFactory()
+    beating("gone-host:15", seconds_ago=60)
+    claimed_by("gone-host:15", queue, "first", start=True)
+    assert sweeper.rescue_silent_clusters() == {
+        "running items of silent clusters lost, retried": 1}
+    with CaptureQueriesContext(connection) as queries:
+        assert sweeper.rescue_silent_clusters() == {}
+    assert not [q for q in queries if Item._meta.db_table in q["sql"]]
+
+    # It beat again (a frozen cluster woke), took an item and fell silent again.
+    ClusterHeartbeat.objects.filter(cluster="gone-host:15").update(
+        beat_at=timezone.now() - timedelta(seconds=50))
+    # (Queues of their own: a round of the first would take its retried item too.)
+    second = claimed_by("gone-host:15", QueueFactory(), "second")
+    assert sweeper.rescue_silent_clusters() == {
+        "dispatched items of silent clusters released": 1}
+    assert Item.objects.get(pk=second).status == Status.QUEUED
+
+    # One that claimed without a beat between is found at the next recheck.
+    third = claimed_by("gone-host:15", QueueFactory(), "third")
+    assert sweeper.rescue_silent_clusters() == {}
+    monkeypatch.setattr(sweeper, "HANDED_BACK_RECHECK", 0.0)
+    assert sweeper.rescue_silent_clusters() == {
+        "dispatched items of silent clusters released": 1}
+    assert Item.objects.get(pk=third).status == Status.QUEUED
+
+
 @pytest.mark.postgres
 def test_nobody_is_declared_silent_right_after_the_database_restarted():
     with connection.cursor() as cursor:
@@ -345,8 +377,8 @@ def test_nobody_is_declared_silent_right_after_the_database_restarted():
     ClusterHeartbeat.objects.create(cluster="host:14", host="host", pid=14,
                                     started_at=restarted - timedelta(hours=1),
                                     beat_at=restarted - timedelta(seconds=60))
-    assert heartbeat.silent_clusters(restarted + timedelta(seconds=30)) == []
-    assert heartbeat.silent_clusters(restarted + timedelta(seconds=60)) == ["host:14"]
+    assert heartbeat.silent_clusters(restarted + timedelta(seconds=30)) == {}
+    assert list(heartbeat.silent_clusters(restarted + timedelta(seconds=60))) == ["host:14"]
 
 
 @pytest.mark.postgres

@@ -269,16 +269,17 @@ def is_stale(row: ClusterHeartbeat, now: datetime) -> bool:
     return now - row.beat_at > STALE_AFTER
 
 
-def silent_clusters(now: datetime) -> list[str]:
-    """Clusters that missed their beats while the database was up: a database restart counts
-    as a beat of every cluster, since none of them could write during it."""
+def silent_clusters(now: datetime) -> dict[str, datetime]:
+    """Clusters that missed their beats while the database was up, with their last beat: a
+    database restart counts as a beat of every cluster, since none of them could write during
+    it."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_postmaster_start_time()")
             if cursor.fetchone()[0] > now - STALE_AFTER - timedelta(seconds=BEAT_SECONDS):
-                return []
-    return list(ClusterHeartbeat.objects.filter(beat_at__lt=now - STALE_AFTER)
-                .values_list("cluster", flat=True))
+                return {}
+    return dict(ClusterHeartbeat.objects.filter(beat_at__lt=now - STALE_AFTER)
+                .values_list("cluster", "beat_at"))
 
 
 def prune(now: datetime) -> int:

@@ -49,6 +49,13 @@ ROLLUP_RETENTION = timedelta(days=7)
 RUN_RETENTION = timedelta(days=30)
 # A bulk operation's steps run every few seconds; one silent this long lost its worker task.
 BULK_STEP_LOST_AFTER = timedelta(minutes=2)
+# Silent clusters whose every item was handed back: {cluster: (its last beat, when)}. What a
+# cluster holds is found by reading the whole in-flight index (the cluster column is in no
+# index, migration 0039), and a killed cluster stays on record, silent, for a day
+# (heartbeat.PRUNE_AFTER): it is read again only once it beats again, or after
+# HANDED_BACK_RECHECK, for a frozen cluster that woke, claimed and froze again between beats.
+_handed_back: dict[str, tuple[datetime, float]] = {}
+HANDED_BACK_RECHECK = 300.0
 
 
 def run(seconds: float = 240.0) -> dict[str, int] | None:
@@ -183,13 +190,21 @@ def rescue_silent_clusters(now: datetime | None = None) -> Counter:
     number, so a frozen cluster that wakes up can record nothing. The selector loop runs this
     every few seconds."""
     now = now or timezone.now()
-    silent = heartbeat.silent_clusters(now)
+    silent = {cluster: beat for cluster, beat in heartbeat.silent_clusters(now).items()
+              if not _all_handed_back(cluster, beat)}
     if not silent:
         return Counter()
-    changed = rescue_held(silent, "stopped beating", "silent clusters")
+    changed = rescue_held(list(silent), "stopped beating", "silent clusters")
     if changed:
-        log.info("rescued from silent clusters %s: %s", silent, dict(changed))
+        log.info("rescued from silent clusters %s: %s", list(silent), dict(changed))
+    if sum(changed.values()) < lifecycle.BATCH_LIMIT:
+        _handed_back.update({cluster: (beat, time.monotonic()) for cluster, beat in silent.items()})
     return changed
+
+
+def _all_handed_back(cluster: str, beat: datetime) -> bool:
+    seen = _handed_back.get(cluster)
+    return bool(seen and seen[0] == beat and time.monotonic() < seen[1] + HANDED_BACK_RECHECK)
 
 
 def rescue_held(clusters: list[str], why: str, whose: str) -> Counter:
