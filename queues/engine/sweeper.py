@@ -190,7 +190,12 @@ def rescue_silent_clusters(now: datetime | None = None) -> Counter:
     number, so a frozen cluster that wakes up can record nothing. The selector loop runs this
     every few seconds."""
     now = now or timezone.now()
-    silent = {cluster: beat for cluster, beat in heartbeat.silent_clusters(now).items()
+    found = heartbeat.silent_clusters(now)
+    # Clusters that beat again or were pruned are forgotten: a long-lived loop keeps no more
+    # than the clusters silent now.
+    for cluster in _handed_back.keys() - found.keys():
+        del _handed_back[cluster]
+    silent = {cluster: beat for cluster, beat in found.items()
               if not _all_handed_back(cluster, beat)}
     if not silent:
         return Counter()
