@@ -350,14 +350,28 @@ def test_a_round_dispatches_what_is_ready_at_once_when_it_all_fits():
     assert selector.run_round(queue).taken == {"other": 1}
 
 
-def test_a_round_for_a_running_batch_claims_its_items_and_enqueues_no_task():
+def test_a_round_for_a_running_batch_claims_and_starts_its_items_and_enqueues_no_task():
     queue = QueueFactory(batch_size=10)
-    put(queue, "acme", 3)
+    put(queue, "acme", 3, payload={"n": 1})
     result = selector.run_round(queue, for_cluster="host:1", limit=2)
     assert result.total == 2 and dispatched_tasks() == []
-    assert set(Item.objects.filter(pk__in=result.item_ids).values_list("cluster", flat=True)
-               ) == {"host:1"}
+    items = Item.objects.filter(pk__in=result.item_ids)
+    assert {(item.status, item.cluster, item.attempts) for item in items} == {
+        (Status.RUNNING, "host:1", 1)}
+    assert all(item.started_at >= item.dispatched_at for item in items)
     assert [entry[0] for entry in result.batch] == result.item_ids
+    # What the handlers need, with the token that fences the batch's outcomes.
+    tokens = {item.pk: item.dispatch_token for item in items}
+    assert {(row["id"], row["attempts"], row["token"], row["payload"]["n"])
+            for row in result.started} == {(pk, 1, token, 1) for pk, token in tokens.items()}
+    # The history reads as for any batch: dispatched by the selector, started by the worker.
+    events = list(ItemEvent.objects.filter(item_id=result.item_ids[0]).order_by("id").values_list(
+        "transition", "from_status", "to_status", "actor"))
+    assert events[1:] == [("dispatched", Status.QUEUED, Status.DISPATCHED, "selector"),
+                          ("started", Status.DISPATCHED, Status.RUNNING, "worker")]
+    counts = counters.status_counts([queue.pk])[queue.pk]
+    assert {status: n for status, n in counts.items() if n} == {Status.QUEUED: 1,
+                                                              Status.RUNNING: 2}
 
 
 def test_the_selector_loop_rescues_the_items_of_a_silent_cluster_and_records_it():

@@ -289,6 +289,11 @@ def test_a_batch_of_quick_items_goes_on_with_its_queue_when_every_item_ended():
     enqueue_many(queue.key, [{"account": "acme", "identifier": f"quick-{i}"} for i in range(2, 7)])
     assert run_batch(queue.pk, batch) == {"complete": 7, "taken while running": 5}
     assert Item.objects.filter(status=Status.COMPLETE).count() == 7
+    # A taken item's history reads as a dispatched batch's: its top-up started it at once.
+    taken = Item.objects.get(identifier="quick-6")
+    assert list(ItemEvent.objects.filter(item_id=taken.pk).order_by("id").values_list(
+        "transition", flat=True)) == ["enqueued", "dispatched", "started", "completed"]
+    assert Attempt.objects.get(item=taken).outcome == Attempt.Outcome.COMPLETE
 
 
 @pytest.mark.django_db(transaction=True)

@@ -476,29 +476,51 @@ def apply(
 
 
 def apply_selected(action: str, selection_sql: str, selection_params: list, *,
-                   actor: str, claim_for: str = "") -> list[Changed]:
+                   actor: str) -> list[Changed]:
     """Move the items a SELECT of ids finds, such as the selector's claim. On PostgreSQL the
     SELECT, the UPDATE, its events and its counter deltas are one statement: the ids never
-    travel to Python and back. A dispatch `claim_for` a cluster (a running batch's top-up) is
-    claimed for it as it is dispatched (see `claim`)."""
+    travel to Python and back."""
     transition_ = TRANSITIONS[action]
     if not _records_in_sql():
         with transaction.atomic(savepoint=False):
-            with connection.cursor() as cursor:
-                cursor.execute(selection_sql, selection_params)
-                ids = [row[0] for row in cursor.fetchall()]
-            changed = apply(action, ids, actor=actor).changed
-            if changed and claim_for:
-                claim([[row.id, row.attempts, row.token] for row in changed], claim_for)
-            return changed
+            return apply(action, _selected_ids(selection_sql, selection_params),
+                         actor=actor).changed
     # ARRAY() makes the selection an init plan, run once. As `id IN (...)` the planner may
     # run it again for each row it updates, and a selection with FOR UPDATE SKIP LOCKED then
     # skips the rows this statement has just changed and finds others, past its LIMIT (a
     # PostgreSQL test run with autovacuum on saw rounds take every ready item).
     with transaction.atomic(savepoint=False):
         return _update_recorded(transition_, f"id = ANY(ARRAY({selection_sql}))",
-                                selection_params, [], timezone.now(), actor, "", None, None,
-                                claim_for=claim_for)
+                                selection_params, [], timezone.now(), actor, "", None, None)
+
+
+def dispatch_started(selection_sql: str, selection_params: list, *,
+                     cluster: str) -> list[dict]:
+    """A running batch's top-up: the items a SELECT of ids finds are dispatched to `cluster`,
+    claimed for it and started, returning what their handlers need. The history is a dispatch
+    and a start, as for any batch, but on PostgreSQL it is one UPDATE of each row rather than
+    two: nothing outside the batch's transaction could have seen the dispatched state."""
+    if not _records_in_sql():
+        with transaction.atomic(savepoint=False):
+            changed = apply("dispatch", _selected_ids(selection_sql, selection_params),
+                            actor="selector").changed
+            batch = [[row.id, row.attempts, row.token] for row in changed]
+            claim(batch, cluster)
+            return start_claimed([row.id for row in changed], cluster=cluster,
+                                 expected_attempts={row.id: row.attempts for row in changed},
+                                 tokens={row.token for row in changed})
+    with transaction.atomic(savepoint=False):
+        changed = _update_recorded(
+            TRANSITIONS["dispatch"], f"id = ANY(ARRAY({selection_sql}))", selection_params, [],
+            timezone.now(), "selector", "", None, None, claim_for=cluster, started=True,
+            returning=", payload, task_path")
+    return _handler_rows(changed)
+
+
+def _selected_ids(selection_sql: str, selection_params: list) -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute(selection_sql, selection_params)
+        return [row[0] for row in cursor.fetchall()]
 
 
 def transition(item_id: int, action: str, *, actor: str, reason: str = "",
@@ -513,9 +535,10 @@ def transition(item_id: int, action: str, *, actor: str, reason: str = "",
 
 
 def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason: str,
-                 values: Mapping[int, Mapping], claim_for: str = "") -> tuple[list[str], list]:
+                 values: Mapping[int, Mapping], claim_for: str = "",
+                 started: bool = False) -> tuple[list[str], list]:
     sets = ["status = %s", "previous_status = status", "updated_at = %s"]
-    params: list = [transition_.target, to_db_datetime(now)]
+    params: list = [Status.RUNNING if started else transition_.target, to_db_datetime(now)]
 
     def per_item(column: str, key: str, pg_type: str, default, convert=lambda v: v):
         cases = [(i, values[i][key]) for i in ids if key in values.get(i, {})]
@@ -531,9 +554,10 @@ def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason:
 
     name = transition_.name
     if name == "dispatch":
-        sets += ["attempts = attempts + 1", "dispatched_at = %s", "started_at = NULL",
+        sets += ["attempts = attempts + 1", "dispatched_at = %s", "started_at = %s",
                  "dispatch_token = %s", "cluster = %s"]
-        params += [to_db_datetime(now), secrets.randbits(62), claim_for]
+        params += [to_db_datetime(now), to_db_datetime(now) if started else None,
+                   secrets.randbits(62), claim_for]
     elif name == "release":
         # The dispatch gave the item an attempt number it never used: take it back.
         sets += ["attempts = attempts - 1", "dispatched_at = NULL", "cluster = ''"]
@@ -566,11 +590,12 @@ def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason:
 def _update_sql(transition_: Transition, id_condition: str, id_params: list, ids: list[int],
                 now: datetime, reason: str, expected_attempts: Mapping[int, int] | None,
                 values: Mapping[int, Mapping], guard: tuple[str, list] | None, *,
-                claim_for: str = "", returning: str = "") -> tuple[str, list] | None:
+                claim_for: str = "", started: bool = False,
+                returning: str = "") -> tuple[str, list] | None:
     """The guarded UPDATE ... RETURNING of one transition for the rows `id_condition` picks;
     None when the fence leaves no row to move."""
     table = Item._meta.db_table
-    sets, params = _set_clauses(transition_, ids, now, reason, values, claim_for)
+    sets, params = _set_clauses(transition_, ids, now, reason, values, claim_for, started)
     # The rows are found by id. Written as `status IN`, the status check would let the planner
     # reach them through a partial index of those statuses instead, and on statistics taken
     # when almost nothing was ready it does: the dispatch then read every ready item of every
@@ -659,15 +684,17 @@ def _update_recorded(transition_: Transition, id_condition: str, id_params: list
                      ids: list[int], now: datetime, actor: str, reason: str,
                      expected_attempts: Mapping[int, int] | None,
                      guard: tuple[str, list] | None, *, values: Mapping[int, Mapping] = None,
-                     claim_for: str = "", returning: str = "") -> list[Changed]:
+                     claim_for: str = "", started: bool = False,
+                     returning: str = "") -> list[Changed]:
     """PostgreSQL: the UPDATE, the events and counter deltas of the rows it moved, their
     attempts and dead letters (for a requeue, their dead letters marked replayed) and the
     streams' wake-up in one statement, so a selector round, a worker's outcomes or a bulk step
-    pay one round trip and ship no rows to the database but per-item data."""
+    pay one round trip and ship no rows to the database but per-item data. A dispatch
+    `started` also starts its items (see dispatch_started) and records both events."""
     values = values or {}
     statement = _update_sql(transition_, id_condition, id_params, ids, now, reason,
                             expected_attempts, values, guard, claim_for=claim_for,
-                            returning=returning)
+                            started=started, returning=returning)
     if statement is None:
         return []
     update_sql, params = statement
@@ -679,13 +706,25 @@ def _update_recorded(transition_: Transition, id_condition: str, id_params: list
         source, event_reason = "moved JOIN per_item USING (id)", "per_item.error"
     else:
         source, event_reason = "moved", "%s"
-    parts.append(
-        f"events AS (INSERT INTO {ItemEvent._meta.db_table} ({', '.join(EVENT_COLUMNS)}) "
-        f"SELECT id, queue_id, account, identifier, %s, previous_status, %s, attempts, %s, %s, "
-        f"{event_reason} FROM {source})")
-    params += [transition_.event, transition_.target, at, actor]
-    if not records:
-        params.append(_clip_error(reason))
+    if started:
+        # Two events per row, the dispatch's first: their ids keep the history's order.
+        start = TRANSITIONS["start"]
+        parts.append(
+            f"events AS (INSERT INTO {ItemEvent._meta.db_table} ({', '.join(EVENT_COLUMNS)}) "
+            f"SELECT id, queue_id, account, identifier, e.transition, e.from_status, "
+            f"e.to_status, attempts, %s, e.actor, %s FROM moved CROSS JOIN LATERAL "
+            f"(VALUES (%s, previous_status, %s, %s), (%s, %s, %s, %s)) "
+            f"AS e(transition, from_status, to_status, actor))")
+        params += [at, _clip_error(reason), transition_.event, transition_.target, actor,
+                   start.event, transition_.target, start.target, "worker"]
+    else:
+        parts.append(
+            f"events AS (INSERT INTO {ItemEvent._meta.db_table} ({', '.join(EVENT_COLUMNS)}) "
+            f"SELECT id, queue_id, account, identifier, %s, previous_status, %s, attempts, "
+            f"%s, %s, {event_reason} FROM {source})")
+        params += [transition_.event, transition_.target, at, actor]
+        if not records:
+            params.append(_clip_error(reason))
     # Each row leaves its previous status and enters the target; run_now's -1 and +1 on the
     # same status cancel out and are not written.
     parts.append(
@@ -693,7 +732,7 @@ def _update_recorded(transition_: Transition, id_condition: str, id_params: list
         f"minute) SELECT queue_id, d.status, SUM(d.delta), %s FROM moved CROSS JOIN LATERAL "
         f"(VALUES (previous_status, -1), (%s, 1)) AS d(status, delta) "
         f"GROUP BY queue_id, d.status HAVING SUM(d.delta) <> 0)")
-    params += [minute, transition_.target]
+    params += [minute, Status.RUNNING if started else transition_.target]
     if transition_.attempt_outcome:
         parts.append(
             f"attempts_ AS (INSERT INTO {Attempt._meta.db_table} ({', '.join(ATTEMPT_COLUMNS)}) "
@@ -1034,15 +1073,20 @@ def start_claimed(ids: list[int], *, cluster: str, expected_attempts: Mapping[in
         result = apply("start", ids, actor="worker", expected_attempts=expected_attempts,
                        guard=guard)
         return list(Item.objects.filter(pk__in=result.changed_ids).values(
-            "id", "account", "identifier", "payload", "attempts", "task_path"))
+            "id", "account", "identifier", "payload", "attempts", "task_path",
+            token=F("dispatch_token")))
     # The UPDATE returns what the handlers need: no second read of the rows.
     with transaction.atomic(savepoint=False):
         changed = _update_recorded(TRANSITIONS["start"], "id = ANY(%s::bigint[])", [ids], ids,
                                    timezone.now(), "worker", "", expected_attempts, guard,
                                    returning=", payload, task_path")
+    return _handler_rows(changed)
+
+
+def _handler_rows(changed: list[Changed]) -> list[dict]:
     payload = Item._meta.get_field("payload")
     return [{"id": row.id, "account": row.account, "identifier": row.identifier,
-             "attempts": row.attempts, "task_path": row.extra[1],
+             "attempts": row.attempts, "task_path": row.extra[1], "token": row.token,
              "payload": payload.from_db_value(row.extra[0], None, connection)}
             for row in changed]
 

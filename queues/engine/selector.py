@@ -67,6 +67,8 @@ class Round:
     duration_ms: float = 0.0
     item_ids: list[int] = field(default_factory=list)
     batch: list[list[int]] = field(default_factory=list)  # [id, attempt, dispatch token]
+    # A running batch's round (for_cluster): its items, started, as their handlers need them.
+    started: list[dict] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -82,7 +84,8 @@ def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None,
               hold_small: bool = True) -> Round:
     """One round. The selector loop's rounds hand their batch to a new worker task; a running
     batch with idle threads asks for at most `limit` items `for_cluster` (its own) and gets them
-    claimed for it, in the same transaction, to run at once."""
+    claimed for it and started, in its own transaction, with what their handlers need
+    (`Round.started`)."""
     result = Round(queue=queue.key)
     # Inside a worker's transaction (a top-up starts what it takes in it), part of that one.
     with transaction.atomic(savepoint=False):
@@ -122,12 +125,19 @@ def run_round(queue: Queue, *, for_cluster: str = "", limit: int | None = None,
             # ring: carry on after the last one served (accounts are in ring order).
             cursor = [account for account in accounts if plan.get(account)][-1]
         if plan:
-            dispatched = lifecycle.apply_selected("dispatch", *_claim_sql(queue, now, plan),
-                                                  actor="selector", claim_for=for_cluster)
-            result.item_ids = [row.id for row in dispatched]
-            result.batch = [[row.id, row.attempts, row.token] for row in dispatched]
-            for row in dispatched:
-                result.taken[row.account] = result.taken.get(row.account, 0) + 1
+            if for_cluster:
+                result.started = lifecycle.dispatch_started(*_claim_sql(queue, now, plan),
+                                                            cluster=for_cluster)
+                dispatched = [(row["id"], row["attempts"], row["token"], row["account"])
+                              for row in result.started]
+            else:
+                dispatched = [(row.id, row.attempts, row.token, row.account) for row in
+                              lifecycle.apply_selected("dispatch", *_claim_sql(queue, now, plan),
+                                                       actor="selector")]
+            result.item_ids = [pk for pk, _, _, _ in dispatched]
+            result.batch = [[pk, attempt, token] for pk, attempt, token, _ in dispatched]
+            for *_, account in dispatched:
+                result.taken[account] = result.taken.get(account, 0) + 1
             if dispatched and not for_cluster:
                 # A batch that returns is not saved as a django-q2 success (a failed one
                 # is): its items' outcomes are recorded already, and saving one locks every

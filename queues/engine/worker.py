@@ -160,8 +160,9 @@ class BatchRun:
         self.attempts.update({pk: attempt for pk, attempt, _ in taken})
         if taken:
             self.summary["taken while running"] += len(taken)
-        queued = self.pending + [pk for pk, _, _ in taken]
-        self.pending = queued[len(started):]
+        begun = set(started)
+        self.pending = [pk for pk in self.pending + [pk for pk, _, _ in taken]
+                        if pk not in begun]
         # Started items keep their token until their outcome is recorded under it, no longer
         # their attempt: a batch that goes on with its queue for minutes would keep every one.
         for pk in started:
@@ -175,46 +176,54 @@ class BatchRun:
         self._hand_out(rows)
 
     def _take_and_start(self, free: int, top_up: bool):
-        """One transaction: what is taken is also started, so it never waits dispatched."""
+        """One transaction: what is taken is also started, so it never waits dispatched.
+        Returns what was taken ([id, attempt, dispatch token]), the ids started and the rows of
+        those that moved."""
         with transaction.atomic(savepoint=False):
-            taken = self._top_up(free) if top_up else []
-            started = (self.pending + [pk for pk, _, _ in taken])[:max(0, free)]
-            if not started:
-                return taken, started, []
-            tokens = {pk: token for pk, _, token in taken}
-            attempts = {pk: attempt for pk, attempt, _ in taken}
-            rows = lifecycle.start_claimed(
-                started, cluster=self.cluster,
-                expected_attempts={pk: attempts.get(pk, self.attempts.get(pk)) for pk in started},
-                tokens={tokens.get(pk, self.tokens.get(pk)) for pk in started} - {None})
-        return taken, started, rows
+            taken, rows = self._top_up(free) if top_up else ([], [])
+            # A round of our own started what it took; a waiting batch's items and this
+            # batch's own start here.
+            begun = [row["id"] for row in rows]
+            dispatched = [pk for pk, _, _ in taken if pk not in set(begun)]
+            starting = (self.pending + dispatched)[:max(0, free - len(begun))]
+            if starting:
+                tokens = {pk: token for pk, _, token in taken}
+                attempts = {pk: attempt for pk, attempt, _ in taken}
+                rows += lifecycle.start_claimed(
+                    starting, cluster=self.cluster,
+                    expected_attempts={pk: attempts.get(pk, self.attempts.get(pk))
+                                       for pk in starting},
+                    tokens={tokens.get(pk, self.tokens.get(pk)) for pk in starting} - {None})
+        return taken, begun + starting, rows
 
-    def _top_up(self, free: int) -> list[list[int]]:
+    def _top_up(self, free: int) -> tuple[list[list[int]], list[dict]]:
         """First the queue's items whose batch still waits for a worker process (one held by a
         long item, say), then ready items through a selector round of our own; returns them
-        ([id, attempt, dispatch token]), claimed for this cluster."""
+        ([id, attempt, dispatch token]), claimed for this cluster, and the rows of those the
+        round started already."""
         if time.monotonic() >= self.waiting_checked_at + WAITING_CHECK_SECONDS:
             self.others_wait, self.own_wait = _batches_waiting(self.queue)
             self.waiting_checked_at = time.monotonic()
         if self.others_wait:
             # Their batch needs a worker process: this one should end rather than grow.
             self.top_up_after = self.idle_until = time.monotonic() + TOP_UP_RETRY_SECONDS
-            return []
+            return [], []
         batch = (lifecycle.claim_waiting(self.queue.pk, self.cluster, free)
                  if self.own_wait else [])
+        started: list[dict] = []
         contended = False
         if not batch:
             self.own_wait = False
             # The round re-reads what an operator may have changed (pause, concurrency).
             round_ = selector.run_round(self.queue, for_cluster=self.cluster, limit=free)
-            batch = round_.batch
+            batch, started = round_.batch, round_.started
             # Another round of the queue ran meanwhile, or took the capacity ours freed: ask
             # again soon. Only an empty or paused queue is worth the longer wait.
             contended = round_.skipped in (selector.BUSY, selector.FULL)
         self.top_up_after = time.monotonic() + (
             TOP_UP_SECONDS if batch or contended else TOP_UP_RETRY_SECONDS)
         self.idle_until = 0.0 if batch or contended else self.top_up_after
-        return batch
+        return batch, started
 
     def _guard(self, ids: list[int]) -> tuple[str, list]:
         return lifecycle.claimed_by(self.cluster, {self.tokens[pk] for pk in ids
