@@ -184,7 +184,8 @@ class BatchRun:
             # A round of our own started what it took; a waiting batch's items and this
             # batch's own start here.
             begun = [row["id"] for row in rows]
-            dispatched = [pk for pk, _, _ in taken if pk not in set(begun)]
+            begun_ids = set(begun)
+            dispatched = [pk for pk, _, _ in taken if pk not in begun_ids]
             starting = (self.pending + dispatched)[:max(0, free - len(begun))]
             if starting:
                 tokens = {pk: token for pk, _, token in taken}
