@@ -512,7 +512,7 @@ def dispatch_started(selection_sql: str, selection_params: list, *,
     with transaction.atomic(savepoint=False):
         changed = _update_recorded(
             TRANSITIONS["dispatch"], f"id = ANY(ARRAY({selection_sql}))", selection_params, [],
-            timezone.now(), "selector", "", None, None, claim_for=cluster, started=True,
+            timezone.now(), "selector", "", None, None, start_for=cluster,
             returning=", payload, task_path")
     return _handler_rows(changed)
 
@@ -535,10 +535,9 @@ def transition(item_id: int, action: str, *, actor: str, reason: str = "",
 
 
 def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason: str,
-                 values: Mapping[int, Mapping], claim_for: str = "",
-                 started: bool = False) -> tuple[list[str], list]:
+                 values: Mapping[int, Mapping], start_for: str = "") -> tuple[list[str], list]:
     sets = ["status = %s", "previous_status = status", "updated_at = %s"]
-    params: list = [Status.RUNNING if started else transition_.target, to_db_datetime(now)]
+    params: list = [Status.RUNNING if start_for else transition_.target, to_db_datetime(now)]
 
     def per_item(column: str, key: str, pg_type: str, default, convert=lambda v: v):
         cases = [(i, values[i][key]) for i in ids if key in values.get(i, {})]
@@ -556,8 +555,8 @@ def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason:
     if name == "dispatch":
         sets += ["attempts = attempts + 1", "dispatched_at = %s", "started_at = %s",
                  "dispatch_token = %s", "cluster = %s"]
-        params += [to_db_datetime(now), to_db_datetime(now) if started else None,
-                   secrets.randbits(62), claim_for]
+        params += [to_db_datetime(now), to_db_datetime(now) if start_for else None,
+                   secrets.randbits(62), start_for]
     elif name == "release":
         # The dispatch gave the item an attempt number it never used: take it back.
         sets += ["attempts = attempts - 1", "dispatched_at = NULL", "cluster = ''"]
@@ -590,12 +589,11 @@ def _set_clauses(transition_: Transition, ids: list[int], now: datetime, reason:
 def _update_sql(transition_: Transition, id_condition: str, id_params: list, ids: list[int],
                 now: datetime, reason: str, expected_attempts: Mapping[int, int] | None,
                 values: Mapping[int, Mapping], guard: tuple[str, list] | None, *,
-                claim_for: str = "", started: bool = False,
-                returning: str = "") -> tuple[str, list] | None:
+                start_for: str = "", returning: str = "") -> tuple[str, list] | None:
     """The guarded UPDATE ... RETURNING of one transition for the rows `id_condition` picks;
     None when the fence leaves no row to move."""
     table = Item._meta.db_table
-    sets, params = _set_clauses(transition_, ids, now, reason, values, claim_for, started)
+    sets, params = _set_clauses(transition_, ids, now, reason, values, start_for)
     # The rows are found by id. Written as `status IN`, the status check would let the planner
     # reach them through a partial index of those statuses instead, and on statistics taken
     # when almost nothing was ready it does: the dispatch then read every ready item of every
@@ -684,17 +682,17 @@ def _update_recorded(transition_: Transition, id_condition: str, id_params: list
                      ids: list[int], now: datetime, actor: str, reason: str,
                      expected_attempts: Mapping[int, int] | None,
                      guard: tuple[str, list] | None, *, values: Mapping[int, Mapping] = None,
-                     claim_for: str = "", started: bool = False,
-                     returning: str = "") -> list[Changed]:
+                     start_for: str = "", returning: str = "") -> list[Changed]:
     """PostgreSQL: the UPDATE, the events and counter deltas of the rows it moved, their
     attempts and dead letters (for a requeue, their dead letters marked replayed) and the
     streams' wake-up in one statement, so a selector round, a worker's outcomes or a bulk step
     pay one round trip and ship no rows to the database but per-item data. A dispatch
-    `started` also starts its items (see dispatch_started) and records both events."""
+    `start_for` a cluster also claims and starts its items for it (see dispatch_started) and
+    records both events."""
     values = values or {}
     statement = _update_sql(transition_, id_condition, id_params, ids, now, reason,
-                            expected_attempts, values, guard, claim_for=claim_for,
-                            started=started, returning=returning)
+                            expected_attempts, values, guard, start_for=start_for,
+                            returning=returning)
     if statement is None:
         return []
     update_sql, params = statement
@@ -706,7 +704,7 @@ def _update_recorded(transition_: Transition, id_condition: str, id_params: list
         source, event_reason = "moved JOIN per_item USING (id)", "per_item.error"
     else:
         source, event_reason = "moved", "%s"
-    if started:
+    if start_for:
         # Two events per row, the dispatch's first: their ids keep the history's order.
         start = TRANSITIONS["start"]
         parts.append(
@@ -732,7 +730,7 @@ def _update_recorded(transition_: Transition, id_condition: str, id_params: list
         f"minute) SELECT queue_id, d.status, SUM(d.delta), %s FROM moved CROSS JOIN LATERAL "
         f"(VALUES (previous_status, -1), (%s, 1)) AS d(status, delta) "
         f"GROUP BY queue_id, d.status HAVING SUM(d.delta) <> 0)")
-    params += [minute, Status.RUNNING if started else transition_.target]
+    params += [minute, Status.RUNNING if start_for else transition_.target]
     if transition_.attempt_outcome:
         parts.append(
             f"attempts_ AS (INSERT INTO {Attempt._meta.db_table} ({', '.join(ATTEMPT_COLUMNS)}) "
